@@ -1,0 +1,174 @@
+"""Typed configuration: the single schema for the model, the parallel layout and one run.
+
+Every field has an attribute docstring. `validate_*` raise `ConfigError` (a `ValueError`) with one
+actionable line naming the field and the allowed values; callers (verify, the runner) catch it and
+print that line before any rank is spawned.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+SCHEMES = ("single", "tp", "tp_msp", "sp", "tp_sp", "tsp")
+"""Scheme names used by configs, results and reports (tsp-method.md §7)."""
+
+SP_VARIANTS = ("allgather", "ring")
+RECOMPUTE = ("none", "full")
+DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
+MODES = ("train", "forward")
+
+
+class ConfigError(ValueError):
+    """A user mistake in the configuration; its message is one actionable line."""
+
+
+@dataclass
+class ModelConfig:
+    """Llama-style decoder (tsp-method.md §6.1; SwiGLU + RMSNorm + RoPE per A16)."""
+
+    name: str = "tiny"
+    """Label used in results and reports."""
+    vocab_size: int = 256
+    """Vocabulary size V (the paper does not state one; llama7b uses Llama-2's 32000)."""
+    dim: int = 64
+    """Hidden size h."""
+    n_layers: int = 2
+    """Number of decoder blocks L."""
+    n_heads: int = 4
+    """Query heads n_h; head dim d = dim / n_heads."""
+    n_kv_heads: int = 4
+    """Key/value heads n_kv (GQA ratio g = n_heads / n_kv_heads; equal to n_heads for MHA)."""
+    ffn_hidden: int = 256
+    """Intermediate size of the gated MLP (F·h; the paper's F = 4 gives 4·h)."""
+    norm_eps: float = 1e-5
+    """RMSNorm epsilon."""
+    rope_theta: float = 10000.0
+    """RoPE base."""
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+    @property
+    def gqa_ratio(self) -> int:
+        return self.n_heads // self.n_kv_heads
+
+
+@dataclass
+class ParallelConfig:
+    """Which scheme, over how many ranks, and how it is run."""
+
+    scheme: str = "single"
+    """One of single | tp | tp_msp | sp | tp_sp | tsp."""
+    degree: int = 1
+    """Ranks per model replica (the group size): T for tp/tp_msp, Σ for sp, T·Σ for tp_sp, D for tsp."""
+    tp: int = 0
+    """tp_sp only: tensor degree T (Σ = degree / T). 0 picks the largest T ≤ √degree dividing degree."""
+    dp: int = 1
+    """Data-parallel replicas; world size = dp × degree."""
+    sp_variant: str = "allgather"
+    """sp and tp_sp: K/V exchange, allgather (zigzag, default) or ring (peer-to-peer, online softmax)."""
+    recompute: str = "none"
+    """Activation recompute: none, or full (each block recomputed in backward)."""
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.degree
+
+    @property
+    def tp_degree(self) -> int:
+        """Tensor (weight-sharding) degree of the scheme; tsp shards weights D ways too."""
+        if self.scheme in ("tp", "tp_msp", "tsp"):
+            return self.degree
+        if self.scheme == "tp_sp":
+            return self.resolved_tp()
+        return 1
+
+    @property
+    def sp_degree(self) -> int:
+        """Token-sharding degree; tp_msp shards norms/residuals only, so it counts as 1 here."""
+        if self.scheme in ("sp", "tsp"):
+            return self.degree
+        if self.scheme == "tp_sp":
+            return self.degree // self.resolved_tp()
+        return 1
+
+    def resolved_tp(self) -> int:
+        if self.tp:
+            return self.tp
+        t = 1
+        for c in range(1, self.degree + 1):
+            if self.degree % c == 0 and c * c <= self.degree:
+                t = c
+        return t
+
+
+def _need(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ConfigError(msg)
+
+
+def validate_model(m: ModelConfig) -> None:
+    for f in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_hidden"):
+        _need(getattr(m, f) >= 1, f"model.{f}={getattr(m, f)} must be a positive integer")
+    _need(m.dim % m.n_heads == 0, f"model.dim={m.dim} must be divisible by model.n_heads={m.n_heads}")
+    _need(m.n_heads % m.n_kv_heads == 0,
+          f"model.n_kv_heads={m.n_kv_heads} must divide model.n_heads={m.n_heads} (GQA)")
+    _need(m.head_dim % 2 == 0, f"model.dim/n_heads={m.head_dim} must be even for RoPE")
+
+
+def validate_parallel(m: ModelConfig, p: ParallelConfig, seq_len: int, batch: int = 1,
+                      world_size: int | None = None) -> None:
+    """Check that the scheme can shard this model and sequence; raise one actionable line if not."""
+    validate_model(m)
+    _need(p.scheme in SCHEMES, f"scheme={p.scheme!r} is unknown; allowed: {', '.join(SCHEMES)}")
+    _need(p.sp_variant in SP_VARIANTS,
+          f"sp_variant={p.sp_variant!r} is unknown; allowed: {', '.join(SP_VARIANTS)}")
+    _need(p.recompute in RECOMPUTE, f"recompute={p.recompute!r} is unknown; allowed: {', '.join(RECOMPUTE)}")
+    _need(p.degree >= 1, f"degree={p.degree} must be ≥ 1")
+    _need(p.dp >= 1, f"dp={p.dp} must be ≥ 1")
+    _need(seq_len >= 1 and batch >= 1, f"seq_len={seq_len} and batch={batch} must be ≥ 1")
+    if p.scheme == "single":
+        _need(p.degree == 1, f"degree={p.degree} is not allowed for scheme=single; use degree=1")
+    elif p.degree == 1:
+        raise ConfigError(f"degree=1 makes scheme={p.scheme} the single-device model; "
+                          f"use scheme=single or degree ≥ 2")
+    if world_size is not None:
+        _need(world_size == p.world_size,
+              f"world size {world_size} ≠ dp × degree = {p.dp} × {p.degree}; set dp={world_size // max(p.degree, 1)} "
+              f"or degree so that dp × degree = {world_size}")
+    t, s = p.tp_degree, p.sp_degree
+    if p.scheme == "tp_sp":
+        _need(p.degree % t == 0, f"tp={t} must divide degree={p.degree}; allowed: {_divisors(p.degree)}")
+        _need(t >= 1 and s >= 1, f"tp={t} gives Σ={s}; allowed tp: {_divisors(p.degree)}")
+    if t > 1:
+        _need(m.n_heads % t == 0, f"model.n_heads={m.n_heads} must be divisible by the tensor degree {t} "
+              f"(scheme={p.scheme}); allowed degrees: {_divisors(m.n_heads)}")
+        _need(m.n_kv_heads % t == 0, f"model.n_kv_heads={m.n_kv_heads} must be divisible by the tensor degree "
+              f"{t} (scheme={p.scheme}); allowed degrees: {_divisors(m.n_kv_heads)}")
+        _need(m.ffn_hidden % t == 0, f"model.ffn_hidden={m.ffn_hidden} must be divisible by the tensor degree "
+              f"{t} (scheme={p.scheme})")
+    if s > 1:
+        _need(seq_len % (2 * s) == 0, f"seq_len={seq_len} must be divisible by 2×(sequence degree {s}) = {2 * s} "
+              f"for the zigzag layout (scheme={p.scheme}); e.g. seq_len={2 * s * max(1, seq_len // (2 * s))}")
+    if p.scheme == "tp_msp":
+        _need(seq_len % t == 0, f"seq_len={seq_len} must be divisible by degree={t} for scheme=tp_msp")
+
+
+def _divisors(n: int) -> str:
+    return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
+
+
+@dataclass
+class RunShape:
+    """The workload of one run (shared by verify, the runner and the estimator)."""
+
+    seq_len: int = 64
+    """Tokens per sequence S."""
+    batch: int = 1
+    """Micro-batch B per replica (sequences per step per model replica)."""
+    dtype: str = "float32"
+    """Parameter/compute dtype: float64 | float32 | bfloat16."""
+    seed: int = 0
+    """Seed for the weights and the synthetic batch (same for every scheme)."""

@@ -1,0 +1,195 @@
+"""The single-device reference: a Llama-style decoder (tsp-method.md §6.1, A16).
+
+Token embedding → L × [RMSNorm → causal GQA attention with RoPE → residual → RMSNorm → SwiGLU MLP →
+residual] → RMSNorm → LM head → cross-entropy.
+
+This file imports nothing from torch.distributed. Schemes replace `Block.attention` / `Block.mlp` with
+sharded modules of the same call signature, and feed the model *local* tokens with their *global*
+positions; everything token-wise here (norms, residuals, RoPE, embedding, LM head) is then correct on
+any token shard unchanged.
+
+Shape legend: B batch, S sequence (S_loc: this rank's tokens), h = dim, n_h / n_kv heads, d head dim,
+V vocabulary, F·h = ffn_hidden.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.attention.bias import causal_lower_right
+
+from tspbench.config import ModelConfig
+
+
+# ---------------------------------------------------------------------------------------------------
+# Deterministic initialisation: each full parameter is a pure function of (seed, name, shape), so a
+# scheme can materialise just the slice it needs without building the whole model first, and every
+# scheme starts from bit-identical weights.
+# ---------------------------------------------------------------------------------------------------
+def init_full_param(name: str, shape: tuple[int, ...], seed: int, dtype: torch.dtype,
+                    device: torch.device | str = "cpu") -> torch.Tensor:
+    if name.endswith("norm.weight"):
+        return torch.ones(shape, dtype=dtype, device=device)
+    digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
+    gen = torch.Generator(device="cpu").manual_seed(int.from_bytes(digest[:8], "little") & (2**63 - 1))
+    fan_in = shape[-1]
+    std = 1.0 if name == "embed.weight" else 1.0 / math.sqrt(fan_in)
+    # Generated on CPU in float32 so the values do not depend on the target device or dtype.
+    return (torch.randn(shape, generator=gen, dtype=torch.float32) * std).to(device=device, dtype=dtype)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
+
+
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
+    """cos/sin tables [S_loc, d/2] for the given *global* token positions."""
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float64) / head_dim))
+    ang = positions.to(torch.float64)[:, None] * inv[None, :]
+    return ang.cos().to(dtype), ang.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [B, S_loc, heads, d]; rotate interleaved pairs (Llama convention)."""
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    c, s = cos[None, :, None, :], sin[None, :, None, :]
+    return torch.stack((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1).flatten(-2)
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offset: int) -> torch.Tensor:
+    """Causal SDPA of a contiguous query chunk against a key prefix, never materialising S×S in Python.
+
+    q: [B, n_q, Lq, d] at global positions q_offset … q_offset+Lq−1; k, v: [B, n_kv, Lk, d] at positions
+    0 … Lk−1 with Lk = q_offset + Lq. The lower-right causal bias aligns the diagonal with the last key;
+    n_q may be a multiple of n_kv (GQA).
+    """
+    lq, lk = q.shape[-2], k.shape[-2]
+    assert lk == q_offset + lq, (lq, lk, q_offset)
+    gqa = q.shape[1] != k.shape[1]
+    if lq == lk:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(lq, lk), enable_gqa=gqa)
+
+
+def swiglu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor) -> torch.Tensor:
+    """(silu(x·W_gateᵀ) ⊙ x·W_upᵀ)·W_downᵀ — linear in each intermediate channel, so channel shards sum."""
+    return F.linear(F.silu(F.linear(x, w_gate)) * F.linear(x, w_up), w_down)
+
+
+class Attention(nn.Module):
+    """Causal GQA attention with RoPE. Local head counts come from the weight shapes, never a config,
+    so a scheme can hand this math sharded weights."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        h, d = cfg.dim, cfg.head_dim
+        self.head_dim = d
+        self.rope_theta = cfg.rope_theta
+        self.wq = nn.Parameter(torch.empty(cfg.n_heads * d, h))      # [n_h·d, h]
+        self.wk = nn.Parameter(torch.empty(cfg.n_kv_heads * d, h))   # [n_kv·d, h]
+        self.wv = nn.Parameter(torch.empty(cfg.n_kv_heads * d, h))   # [n_kv·d, h]
+        self.wo = nn.Parameter(torch.empty(h, cfg.n_heads * d))      # [h, n_h·d]
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        # x: [B, S, h]; positions: [S] = arange(S) for the reference
+        q, k, v = project_qkv(x, self.wq, self.wk, self.wv, positions, self.head_dim, self.rope_theta)
+        o = causal_attention(q, k, v, q_offset=0)                    # [B, n_h, S, d]
+        return F.linear(o.transpose(1, 2).flatten(2), self.wo)
+
+
+def project_qkv(x, wq, wk, wv, positions, head_dim: int, theta: float):
+    """Q, K, V for the heads whose weight rows are given, RoPE'd at the given global positions.
+    Returns q [B, n_q, S_loc, d], k, v [B, n_kv, S_loc, d]."""
+    b, s, _ = x.shape
+    cos, sin = rope_cos_sin(positions, head_dim, theta, x.dtype)
+    q = apply_rope(F.linear(x, wq).view(b, s, -1, head_dim), cos, sin)
+    k = apply_rope(F.linear(x, wk).view(b, s, -1, head_dim), cos, sin)
+    v = F.linear(x, wv).view(b, s, -1, head_dim)
+    return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.w_gate = nn.Parameter(torch.empty(cfg.ffn_hidden, cfg.dim))  # [F·h, h]
+        self.w_up = nn.Parameter(torch.empty(cfg.ffn_hidden, cfg.dim))    # [F·h, h]
+        self.w_down = nn.Parameter(torch.empty(cfg.dim, cfg.ffn_hidden))  # [h, F·h]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return swiglu(x, self.w_gate, self.w_up, self.w_down)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.attention: nn.Module = Attention(cfg)
+        self.mlp_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.mlp: nn.Module = MLP(cfg)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        x = x + self.attention(self.attn_norm(x), positions)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class Transformer(nn.Module):
+    """The reference model. `recompute="full"` checkpoints each block (activations recomputed in
+    backward, so only block inputs are stored)."""
+
+    def __init__(self, cfg: ModelConfig, recompute: str = "none"):
+        super().__init__()
+        self.cfg = cfg
+        self.recompute = recompute
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.dim)
+        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.lm_head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+
+    @torch.no_grad()
+    def init_weights(self, seed: int) -> "Transformer":
+        for name, p in self.named_parameters():
+            p.copy_(init_full_param(name, tuple(p.shape), seed, p.dtype, p.device))
+        return self
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """tokens: [B, S_loc] → logits [B, S_loc, V]. positions: global position of each local token
+        (defaults to 0…S−1)."""
+        if positions is None:
+            positions = torch.arange(tokens.shape[1], device=tokens.device)
+        x = self.embed(tokens)
+        for block in self.layers:
+            if self.recompute == "full" and torch.is_grad_enabled():
+                x = torch.utils.checkpoint.checkpoint(block, x, positions, use_reentrant=False)
+            else:
+                x = block(x, positions)
+        return self.lm_head(self.norm(x))
+
+
+def token_loss_sum(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Sum of per-token cross-entropy (fp32). Schemes divide by the global token count themselves so a
+    token shard's loss is its exact share of the mean."""
+    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="sum")
+
+
+def build_model(cfg: ModelConfig, seed: int, dtype: torch.dtype = torch.float32,
+                device: torch.device | str = "cpu", recompute: str = "none") -> Transformer:
+    with torch.device(device):
+        m = Transformer(cfg, recompute)
+    return m.to(dtype).init_weights(seed)
+
+
+def synthetic_batch(cfg: ModelConfig, batch: int, seq_len: int, seed: int, device="cpu"):
+    """Random tokens and next-token targets [B, S] (a systems benchmark needs no real data)."""
+    gen = torch.Generator().manual_seed(seed + 1)
+    seq = torch.randint(0, cfg.vocab_size, (batch, seq_len + 1), generator=gen)
+    return seq[:, :-1].to(device), seq[:, 1:].to(device)

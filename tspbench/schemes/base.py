@@ -1,0 +1,213 @@
+"""What every scheme shares: the process-group mesh, the sharded-model wrapper, and weight slicing.
+
+A scheme's `apply(cfg, par, mesh, ...)` builds the reference `Transformer` on the meta device, swaps each
+block's `attention` / `mlp` for its own sharded modules, materialises only this rank's weight slices
+(from the same seeded full tensors as the reference: "build full, then shard"), and returns a
+`ParallelModel`. The wrapper knows the scheme's token layout, which gradients need summing over which
+group, and how to put every local tensor back to full shape for verification.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from tspbench.config import ModelConfig, ParallelConfig
+from tspbench.model import Transformer, init_full_param, token_loss_sum
+from tspbench.schemes.comm import Comm, CommLog
+from tspbench.schemes.layout import SeqLayout
+
+# Mesh axes per scheme, outermost first. The tensor axis is innermost (fastest-varying ranks), as in
+# Megatron, so a tensor group stays inside one node.
+MESH_AXES = {
+    "single": ("dp",),
+    "tp": ("dp", "tp"),
+    "tp_msp": ("dp", "tp"),
+    "sp": ("dp", "sp"),
+    "tp_sp": ("dp", "sp", "tp"),
+    "tsp": ("dp", "tsp"),
+}
+
+
+def mesh_shape(par: ParallelConfig) -> tuple[int, ...]:
+    sizes = {"dp": par.dp, "tp": par.tp_degree, "sp": par.sp_degree, "tsp": par.degree}
+    return tuple(sizes[a] for a in MESH_AXES[par.scheme])
+
+
+def build_mesh(par: ParallelConfig, device_type: str) -> DeviceMesh:
+    """The rank mesh of one run (world = dp × degree); one process group per axis."""
+    return init_device_mesh(device_type, mesh_shape(par), mesh_dim_names=MESH_AXES[par.scheme])
+
+
+def axis_comm(mesh: DeviceMesh, axis: str, log: CommLog) -> Comm:
+    return Comm(mesh.get_group(axis), log)
+
+
+@dataclass
+class Shard:
+    """How a local parameter relates to reference parameter `name`: split along `dim` over `comm`
+    (group-rank order), or replicated (`comm is None`). `grad_sum` is the group over which its gradient
+    must be summed after backward because different ranks used it on different tokens."""
+
+    name: str
+    dim: int | None = None
+    comm: Comm | None = None
+    grad_sum: Comm | None = None
+
+
+def slice_param(name: str, full_shape: tuple[int, ...], dim: int, index: int, parts: int, seed: int,
+                dtype: torch.dtype, device) -> nn.Parameter:
+    """This rank's contiguous 1/parts slice of the seeded full parameter."""
+    full = init_full_param(name, full_shape, seed, dtype, device)
+    return nn.Parameter(full.chunk(parts, dim)[index].contiguous())
+
+
+class ParallelModel(nn.Module):
+    """The sharded model as one rank sees it.
+
+    module:  the Transformer with scheme modules inside (forward on local tokens + global positions)
+    layout:  this rank's tokens within a replica's sequence (None: the full sequence)
+    shards:  local parameter name → Shard
+    seq:     the group whose ranks hold different tokens of one replica (None if tokens are replicated)
+    dp:      the data-parallel group (None if dp = 1)
+    """
+
+    def __init__(self, module: Transformer, par: ParallelConfig, shards: dict[str, Shard],
+                 layout: SeqLayout | None, seq: Comm | None, dp: Comm | None, log: CommLog):
+        super().__init__()
+        self.module, self.par, self.shards = module, par, shards
+        self.layout, self.seq, self.dp, self.log = layout, seq, dp, log
+        for i, block in enumerate(module.layers):  # tag every collective with its layer
+            block.register_forward_pre_hook(lambda m, a, i=i: setattr(self.log, "tag", f"layer{i}"))
+        module.norm.register_forward_pre_hook(lambda m, a: setattr(self.log, "tag", "head"))
+        module.embed.register_forward_pre_hook(lambda m, a: setattr(self.log, "tag", "embed"))
+
+    # ---- inputs ------------------------------------------------------------------------------------
+    def local_batch(self, tokens: torch.Tensor, targets: torch.Tensor):
+        """From the global batch [dp·B, S]: this replica's rows, then this rank's tokens.
+        Returns (tokens, targets, positions) with positions the global token positions."""
+        if self.dp is not None:
+            tokens = tokens.chunk(self.dp.size, 0)[self.dp.rank]
+            targets = targets.chunk(self.dp.size, 0)[self.dp.rank]
+        if self.layout is None:
+            return tokens, targets, torch.arange(tokens.shape[1], device=tokens.device)
+        pos = self.layout.positions.to(tokens.device)
+        return tokens[:, pos], targets[:, pos], pos
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self.module(tokens, positions)
+
+    def loss(self, tokens: torch.Tensor, targets: torch.Tensor, positions: torch.Tensor):
+        """This rank's share of the replica's mean token loss (the shares sum to the mean over `seq`).
+        Returns (loss to backward, logits)."""
+        logits = self(tokens, positions)
+        n_tokens = targets.shape[0] * (self.layout.seq_len if self.layout else targets.shape[1])
+        return token_loss_sum(logits, targets) / n_tokens, logits
+
+    def replica_loss(self, local_loss: torch.Tensor) -> torch.Tensor:
+        """The replica's loss value (for reporting), summed over the sequence group."""
+        loss = local_loss.detach().clone()
+        if self.seq is not None:
+            dist.all_reduce(loss, group=self.seq.group)
+        return loss
+
+    # ---- gradients ---------------------------------------------------------------------------------
+    def finish_grad_sync(self) -> None:
+        """Sum partial gradients of token-sharded replicated weights, then average over DP replicas.
+        Each group's gradients go in one flattened bucket (one collective per group)."""
+        buckets: dict[int, tuple[Comm, list[torch.Tensor]]] = {}
+        for name, p in self.named_local_params():
+            c = self.shards[name].grad_sum
+            if c is not None and p.grad is not None:
+                buckets.setdefault(id(c), (c, []))[1].append(p.grad)
+        if self.dp is not None:
+            buckets[id(self.dp)] = (self.dp, [p.grad for _, p in self.named_local_params() if p.grad is not None])
+        for comm, grads in buckets.values():
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            comm.all_reduce(flat, tag="grad_sync", phase="grad_sync")
+            if comm is self.dp:
+                flat /= comm.size
+            off = 0
+            for g in grads:
+                g.copy_(flat[off:off + g.numel()].view_as(g))
+                off += g.numel()
+
+    def named_local_params(self):
+        return self.module.named_parameters()
+
+    # ---- back to full shape (verification) --------------------------------------------------------
+    def unshard(self, name: str, t: torch.Tensor) -> torch.Tensor:
+        s = self.shards[name]
+        if s.comm is None:
+            return t
+        return s.comm.all_gather(t, s.dim)
+
+    def full_state(self, grads: bool) -> dict[str, torch.Tensor]:
+        """Every parameter (or its gradient) at full shape, keyed by the reference name."""
+        with self.log.scope("verify"), _no_log(self.log):
+            out = {}
+            for name, p in self.named_local_params():
+                t = p.grad if grads else p.data
+                out[self.shards[name].name] = self.unshard(name, t.contiguous())
+            return out
+
+    def full_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """Local logits [B, S_loc, V] → this replica's logits [B, S, V] in logical order."""
+        with _no_log(self.log):
+            if self.seq is None or self.layout is None:
+                return logits
+            return self.layout.unshard(self.seq.all_gather(logits.contiguous(), 1), 1)
+
+    # ---- sharding audit -----------------------------------------------------------------------------
+    def param_bytes(self) -> int:
+        return sum(p.numel() * p.element_size() for _, p in self.named_local_params())
+
+
+class _no_log:
+    def __init__(self, log: CommLog):
+        self.log = log
+
+    def __enter__(self):
+        self.old, self.log.enabled = self.log.enabled, False
+
+    def __exit__(self, *a):
+        self.log.enabled = self.old
+
+
+def materialise_replicated(module: Transformer, shards: dict[str, Shard], seed: int, dtype, device,
+                           grad_sum: Comm | None) -> None:
+    """Give every parameter still on the meta device (embedding, norms, LM head) its full seeded value;
+    they are replicated, with gradients summed over `grad_sum` when ranks see different tokens."""
+    for mod_name, mod in module.named_modules():
+        for pname, p in list(mod.named_parameters(recurse=False)):
+            if not p.is_meta:
+                continue
+            full = f"{mod_name}.{pname}" if mod_name else pname
+            setattr(mod, pname, nn.Parameter(init_full_param(full, tuple(p.shape), seed, dtype, device)))
+            shards[full] = Shard(full, grad_sum=grad_sum)
+
+
+def meta_model(cfg: ModelConfig, recompute: str) -> Transformer:
+    with torch.device("meta"):
+        return Transformer(cfg, recompute)
+
+
+@dataclass
+class ApplyArgs:
+    """What every scheme's apply() needs besides the configs."""
+
+    mesh: DeviceMesh
+    seq_len: int
+    seed: int = 0
+    dtype: torch.dtype = torch.float32
+    device: torch.device | str = "cpu"
+    log: CommLog = field(default_factory=CommLog)
+
+    def comm(self, axis: str) -> Comm | None:
+        if axis not in (self.mesh.mesh_dim_names or ()):
+            return None
+        c = axis_comm(self.mesh, axis, self.log)
+        return c if c.size > 1 else None

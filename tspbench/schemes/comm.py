@@ -1,0 +1,223 @@
+"""The communication vocabulary: named autograd collectives (Megatron `mappings.py` style) + accounting.
+
+Nothing else in tspbench calls torch.distributed collectives directly. Each function is named for where
+the tensor goes, states its forward/backward pair, and takes an explicit `Comm` (a process group plus the
+`CommLog` it records into). Recording here is what lets tests assert the per-layer formulas of
+tsp-method.md §5 exactly, and what the estimate backend counts under a fake process group.
+
+Volume convention (`recv_numel`, elements received by this rank, bandwidth-optimal algorithms, anchors §4.3):
+    all-gather (output n) and reduce-scatter (input n): n·(p−1)/p
+    all-reduce (n): 2·n·(p−1)/p
+    broadcast / reduce (n), rooted: n·(p−1)/p on every rank (the p−1 receiving ranks' volume averaged over
+        all p, so that D broadcasts of a 1/D weight shard each cost every rank the formula's (D−1)/D·W)
+    point-to-point: the received tensor's numel.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class CommRecord:
+    op: str            # all_gather | reduce_scatter | all_reduce | broadcast | reduce | send_recv
+    phase: str         # fwd | bwd (anything issued while autograd runs backward, recompute included)
+    tag: str           # where: "layer3", "grad_sync", ...
+    group_size: int
+    numel: int         # elements of the collective's full buffer (see module docstring)
+    recv_numel: float  # elements received by this rank
+    bytes: int         # numel × element size
+    recompute: bool = False  # a forward collective replayed by activation recompute
+
+
+@dataclass
+class CommLog:
+    """Per-rank list of every collective issued; `tag` is set by hooks (e.g. one per block)."""
+
+    records: list[CommRecord] = field(default_factory=list)
+    tag: str = ""
+    enabled: bool = True
+
+    @contextlib.contextmanager
+    def scope(self, tag: str):
+        old, self.tag = self.tag, tag
+        try:
+            yield
+        finally:
+            self.tag = old
+
+    def clear(self) -> None:
+        self.records.clear()
+
+    def summary(self, tag: str | None = None) -> dict[str, float]:
+        """recv elements per phase (fwd / bwd) for one tag (or all)."""
+        out: dict[str, float] = {"fwd": 0.0, "bwd": 0.0}
+        for r in self.records:
+            if tag is None or r.tag == tag:
+                out[r.phase] = out.get(r.phase, 0.0) + r.recv_numel
+        return out
+
+
+class Comm:
+    """A process group and the log its traffic is recorded in. `rank`/`size` are within the group."""
+
+    def __init__(self, group: dist.ProcessGroup, log: CommLog | None = None):
+        self.group = group
+        self.size = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
+        self.log = log if log is not None else CommLog(enabled=False)
+
+    def global_rank(self, group_rank: int) -> int:
+        return dist.get_global_rank(self.group, group_rank)
+
+    def record(self, op: str, t: torch.Tensor, recv_numel: float, phase: str | None = None,
+               tag: str | None = None) -> None:
+        if not self.log.enabled:
+            return
+        in_bwd = torch._C._current_graph_task_id() != -1
+        self.log.records.append(CommRecord(
+            op=op, phase=phase or ("bwd" if in_bwd else "fwd"), tag=self.log.tag if tag is None else tag,
+            group_size=self.size, numel=t.numel(), recv_numel=recv_numel,
+            bytes=t.numel() * t.element_size(), recompute=in_bwd and phase is None))
+
+    # ---- raw collectives (recorded, not differentiable) -------------------------------------------
+    def all_reduce(self, x: torch.Tensor, tag: str | None = None, phase: str | None = None) -> torch.Tensor:
+        self.record("all_reduce", x, 2 * x.numel() * (self.size - 1) / self.size, phase, tag)
+        dist.all_reduce(x, group=self.group)
+        return x
+
+    def all_gather(self, x: torch.Tensor, dim: int) -> torch.Tensor:
+        """Concatenate every rank's `x` along `dim`, in group-rank order."""
+        xs = x.movedim(dim, 0).contiguous()
+        out = xs.new_empty((self.size * xs.shape[0], *xs.shape[1:]))
+        self.record("all_gather", out, out.numel() * (self.size - 1) / self.size)
+        dist.all_gather_into_tensor(out, xs, group=self.group)
+        return out.movedim(0, dim)
+
+    def reduce_scatter(self, x: torch.Tensor, dim: int) -> torch.Tensor:
+        """Sum over ranks, then keep this rank's 1/p slice of `dim` (the dual of all_gather)."""
+        xs = x.movedim(dim, 0).contiguous()
+        out = xs.new_empty((xs.shape[0] // self.size, *xs.shape[1:]))
+        self.record("reduce_scatter", xs, xs.numel() * (self.size - 1) / self.size)
+        dist.reduce_scatter_tensor(out, xs, group=self.group)
+        return out.movedim(0, dim)
+
+    def broadcast(self, x: torch.Tensor, src: int) -> torch.Tensor:
+        """`x` from group rank `src` to every rank (in place on non-owners' buffer)."""
+        self.record("broadcast", x, x.numel() * (self.size - 1) / self.size)
+        dist.broadcast(x, src=self.global_rank(src), group=self.group)
+        return x
+
+    def reduce(self, x: torch.Tensor, dst: int) -> torch.Tensor:
+        """Sum of `x` over ranks, valid on group rank `dst` (the dual of broadcast)."""
+        self.record("reduce", x, x.numel() * (self.size - 1) / self.size)
+        dist.reduce(x, dst=self.global_rank(dst), group=self.group)
+        return x
+
+    def start_shift(self, send: torch.Tensor, recv: torch.Tensor, offset: int = 1):
+        """Async ring hop: send `send` to rank+offset, receive `recv` from rank−offset. Returns the
+        requests; call `wait()` on each before reading `recv`."""
+        self.record("send_recv", recv, recv.numel())
+        peer_to = self.global_rank((self.rank + offset) % self.size)
+        peer_from = self.global_rank((self.rank - offset) % self.size)
+        ops = [dist.P2POp(dist.isend, send.contiguous(), peer_to, self.group),
+               dist.P2POp(dist.irecv, recv, peer_from, self.group)]
+        return dist.batch_isend_irecv(ops)
+
+
+# ---- differentiable region mappings ---------------------------------------------------------------
+class _CopyToRegion(torch.autograd.Function):
+    """Megatron's f: identity forward, all-reduce of the gradient backward."""
+
+    @staticmethod
+    def forward(ctx, x, comm: Comm):
+        ctx.comm, ctx.tag = comm, comm.log.tag
+        return x
+
+    @staticmethod
+    def backward(ctx, g):
+        return ctx.comm.all_reduce(g.contiguous().clone(), tag=ctx.tag), None
+
+
+class _ReduceFromRegion(torch.autograd.Function):
+    """Megatron's g: all-reduce forward, identity backward."""
+
+    @staticmethod
+    def forward(ctx, x, comm: Comm):
+        return comm.all_reduce(x.contiguous().clone())
+
+    @staticmethod
+    def backward(ctx, g):
+        return g, None
+
+
+class _GatherFromSequence(torch.autograd.Function):
+    """All-gather along `dim` forward; reduce-scatter of the gradient backward (each rank's tokens
+    were used by every rank, so their gradient is the sum over ranks)."""
+
+    @staticmethod
+    def forward(ctx, x, comm: Comm, dim: int):
+        ctx.comm, ctx.dim, ctx.tag = comm, dim, comm.log.tag
+        return comm.all_gather(x, dim)
+
+    @staticmethod
+    def backward(ctx, g):
+        with ctx.comm.log.scope(ctx.tag):
+            return ctx.comm.reduce_scatter(g, ctx.dim), None, None
+
+
+class _ReduceScatterToSequence(torch.autograd.Function):
+    """Reduce-scatter along `dim` forward; all-gather of the gradient backward (Megatron-SP's exit)."""
+
+    @staticmethod
+    def forward(ctx, x, comm: Comm, dim: int):
+        ctx.comm, ctx.dim, ctx.tag = comm, dim, comm.log.tag
+        return comm.reduce_scatter(x, dim)
+
+    @staticmethod
+    def backward(ctx, g):
+        with ctx.comm.log.scope(ctx.tag):
+            return ctx.comm.all_gather(g, ctx.dim), None, None
+
+
+class _BroadcastFromOwner(torch.autograd.Function):
+    """Broadcast the owner's shard forward; reduce the gradient to the owner backward.
+
+    Every rank passes its *own* shard (same shape on all ranks); only the owner's is sent. The owner's
+    input receives the summed gradient of all ranks' uses; the others' inputs receive zero from this call.
+    """
+
+    @staticmethod
+    def forward(ctx, w, comm: Comm, src: int):
+        ctx.comm, ctx.src, ctx.tag = comm, src, comm.log.tag
+        buf = w.detach().clone() if comm.rank == src else torch.empty_like(w)
+        return comm.broadcast(buf, src)
+
+    @staticmethod
+    def backward(ctx, g):
+        with ctx.comm.log.scope(ctx.tag):
+            g = ctx.comm.reduce(g.contiguous().clone(), ctx.src)
+        return (g if ctx.comm.rank == ctx.src else torch.zeros_like(g)), None, None
+
+
+def copy_to_region(x: torch.Tensor, comm: Comm) -> torch.Tensor:
+    return _CopyToRegion.apply(x, comm)
+
+
+def reduce_from_region(x: torch.Tensor, comm: Comm) -> torch.Tensor:
+    return _ReduceFromRegion.apply(x, comm)
+
+
+def gather_from_sequence(x: torch.Tensor, comm: Comm, dim: int) -> torch.Tensor:
+    return _GatherFromSequence.apply(x, comm, dim)
+
+
+def reduce_scatter_to_sequence(x: torch.Tensor, comm: Comm, dim: int) -> torch.Tensor:
+    return _ReduceScatterToSequence.apply(x, comm, dim)
+
+
+def broadcast_from_owner(w: torch.Tensor, comm: Comm, src: int) -> torch.Tensor:
+    return _BroadcastFromOwner.apply(w, comm, src)
