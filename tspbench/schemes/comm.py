@@ -40,14 +40,18 @@ class CommLog:
     records: list[CommRecord] = field(default_factory=list)
     tag: str = ""
     enabled: bool = True
+    in_backward_fn: bool = False  # inside an autograd Function's backward (not a recompute)
 
     @contextlib.contextmanager
-    def scope(self, tag: str):
-        old, self.tag = self.tag, tag
+    def scope(self, tag: str, backward: bool = False):
+        """Record under `tag`; `backward=True` from a Function's backward, so its collectives are not
+        mistaken for recompute (both run while autograd executes the backward graph)."""
+        old = self.tag, self.in_backward_fn
+        self.tag, self.in_backward_fn = tag, backward
         try:
             yield
         finally:
-            self.tag = old
+            self.tag, self.in_backward_fn = old
 
     def clear(self) -> None:
         self.records.clear()
@@ -81,7 +85,7 @@ class Comm:
         self.log.records.append(CommRecord(
             op=op, phase=phase or ("bwd" if in_bwd else "fwd"), tag=self.log.tag if tag is None else tag,
             group_size=self.size, numel=t.numel(), recv_numel=recv_numel,
-            bytes=t.numel() * t.element_size(), recompute=in_bwd and phase is None))
+            bytes=t.numel() * t.element_size(), recompute=in_bwd and not self.log.in_backward_fn and phase is None))
 
     # ---- raw collectives (recorded, not differentiable) -------------------------------------------
     def all_reduce(self, x: torch.Tensor, tag: str | None = None, phase: str | None = None) -> torch.Tensor:
@@ -117,14 +121,15 @@ class Comm:
         dist.reduce(x, dst=self.global_rank(dst), group=self.group)
         return x
 
-    def start_shift(self, send: torch.Tensor, recv: torch.Tensor, offset: int = 1):
+    def start_shift(self, send: torch.Tensor, recv: torch.Tensor, offset: int = 1, tag: int = 0):
         """Async ring hop: send `send` to rank+offset, receive `recv` from rank−offset. Returns the
-        requests; call `wait()` on each before reading `recv`."""
+        requests; call `wait()` on each before reading `recv`. Concurrent hops between the same peers
+        need distinct `tag`s (gloo matches by tag; NCCL matches in issue order, which is the same)."""
         self.record("send_recv", recv, recv.numel())
         peer_to = self.global_rank((self.rank + offset) % self.size)
         peer_from = self.global_rank((self.rank - offset) % self.size)
-        ops = [dist.P2POp(dist.isend, send.contiguous(), peer_to, self.group),
-               dist.P2POp(dist.irecv, recv, peer_from, self.group)]
+        ops = [dist.P2POp(dist.isend, send.contiguous(), peer_to, self.group, tag),
+               dist.P2POp(dist.irecv, recv, peer_from, self.group, tag)]
         return dist.batch_isend_irecv(ops)
 
 
@@ -139,7 +144,8 @@ class _CopyToRegion(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g):
-        return ctx.comm.all_reduce(g.contiguous().clone(), tag=ctx.tag), None
+        with ctx.comm.log.scope(ctx.tag, backward=True):
+            return ctx.comm.all_reduce(g.contiguous().clone()), None
 
 
 class _ReduceFromRegion(torch.autograd.Function):
@@ -165,7 +171,7 @@ class _GatherFromSequence(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g):
-        with ctx.comm.log.scope(ctx.tag):
+        with ctx.comm.log.scope(ctx.tag, backward=True):
             return ctx.comm.reduce_scatter(g, ctx.dim), None, None
 
 
@@ -179,7 +185,7 @@ class _ReduceScatterToSequence(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g):
-        with ctx.comm.log.scope(ctx.tag):
+        with ctx.comm.log.scope(ctx.tag, backward=True):
             return ctx.comm.all_gather(g, ctx.dim), None, None
 
 
@@ -198,7 +204,7 @@ class _BroadcastFromOwner(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g):
-        with ctx.comm.log.scope(ctx.tag):
+        with ctx.comm.log.scope(ctx.tag, backward=True):
             g = ctx.comm.reduce(g.contiguous().clone(), ctx.src)
         return (g if ctx.comm.rank == ctx.src else torch.zeros_like(g)), None, None
 

@@ -89,11 +89,11 @@ def apply(cfg: ModelConfig, par: ParallelConfig, args: ApplyArgs) -> ParallelMod
                                                           comm, args, shards), comm, cfg)
         block.mlp = TPMLP(shard_block_weights(block.mlp, f"layers.{i}.mlp", MLP_SPLIT, comm, args, shards), comm)
     materialise_replicated(module, shards, args.seed, args.dtype, args.device, grad_sum=None)
-    return ParallelModel(module, par, _local_names(module, shards), None, None, args.comm("dp"), args.log)
+    return ParallelModel(module, par, check_shards(module, shards), None, None, args.comm("dp"), args.log)
 
 
-def _local_names(module: nn.Module, shards: dict[str, Shard]) -> dict[str, Shard]:
-    """Re-key shards by the local parameter name (scheme modules may rename attributes)."""
+def check_shards(module: nn.Module, shards: dict[str, Shard]) -> dict[str, Shard]:
+    """Every local parameter must have a shard spec (keyed by its name, which equals the reference name)."""
     out = {}
     for name, _ in module.named_parameters():
         if name in shards:

@@ -1,0 +1,55 @@
+"""tp_msp — TP + Megatron sequence parallelism over T ranks (Korthikanti et al. 2022).
+
+Maths. Identical weight split to `tp` (column-parallel Q,K,V and gate/up, row-parallel O and down). The
+difference is only outside the GEMMs: norms, residuals, embedding and LM head run on a contiguous 1/T slice
+of the sequence, so their activations are not replicated. Entering a block the shard is all-gathered to the
+full sequence (g̅); leaving it, the row-parallel partial sums are reduce-scattered back to shards (ḡ),
+replacing TP's all-reduce with the same volume.
+
+Communication per layer (B·S·h elements each):
+    forward   attention: all-gather in, reduce-scatter out; MLP: the same → 2 AG + 2 RS
+    backward  the duals: reduce-scatter for each all-gather, all-gather for each reduce-scatter
+    volume    4·B·S·h·(T−1)/T received per rank forward (tsp-method.md §5), the same backward.
+Sequence-sharded replicated weights (norms, embedding, LM head) see different tokens on each rank, so their
+gradients are summed over the group after backward (Megatron's allreduce of sequence-parallel grads).
+"""
+from __future__ import annotations
+
+import torch
+
+from tspbench.config import ModelConfig, ParallelConfig
+from tspbench.schemes.base import ApplyArgs, ParallelModel, materialise_replicated, meta_model
+from tspbench.schemes.comm import gather_from_sequence, reduce_scatter_to_sequence
+from tspbench.schemes.layout import SeqLayout
+from tspbench.schemes.tp import ATTN_SPLIT, MLP_SPLIT, TPAttention, TPMLP, check_shards, shard_block_weights
+
+
+class MSPAttention(TPAttention):
+    """TP attention whose entry gathers the sequence and whose exit reduce-scatters it."""
+
+    def enter(self, x, positions):
+        x = gather_from_sequence(x, self.comm, dim=1)           # [B, S/T, h] → [B, S, h]
+        return x, torch.arange(x.shape[1], device=x.device)     # contiguous shards: logical order
+
+    def exit(self, y):
+        return reduce_scatter_to_sequence(y, self.comm, dim=1)   # Σ over head shards, keep my S/T
+
+
+class MSPMLP(TPMLP):
+    def enter(self, x):
+        return gather_from_sequence(x, self.comm, dim=1)
+
+    def exit(self, y):
+        return reduce_scatter_to_sequence(y, self.comm, dim=1)
+
+
+def apply(cfg: ModelConfig, par: ParallelConfig, args: ApplyArgs) -> ParallelModel:
+    comm = args.comm("tp")
+    module, shards = meta_model(cfg, par.recompute), {}
+    for i, block in enumerate(module.layers):
+        block.attention = MSPAttention(shard_block_weights(block.attention, f"layers.{i}.attention", ATTN_SPLIT,
+                                                           comm, args, shards), comm, cfg)
+        block.mlp = MSPMLP(shard_block_weights(block.mlp, f"layers.{i}.mlp", MLP_SPLIT, comm, args, shards), comm)
+    materialise_replicated(module, shards, args.seed, args.dtype, args.device, grad_sum=comm)
+    layout = SeqLayout(args.seq_len, comm.size, comm.rank, zigzag=False)
+    return ParallelModel(module, par, check_shards(module, shards), layout, comm, args.comm("dp"), args.log)

@@ -1,0 +1,180 @@
+"""tsp — Tensor and Sequence Parallelism folded onto one axis of D ranks (Zyphra, arXiv 2604.26294).
+
+Each rank p holds 1/D of every attention and MLP weight (owner shard p: heads p·n_h/D … and their n_kv/D
+KV heads; intermediate channels p·F·h/D …) AND 1/D of the tokens (zigzag: chunks p and 2D−1−p of 2D).
+Weights move at run time, activations stay put (tsp-method.md §3).
+
+Attention (§3.2), rank p, local tokens X_p:
+    for r in 0 … D−1:   W_r = broadcast(packed W_Q,K,V,O shard, src=r)
+                        Q = X_p·W_Qrᵀ;  K, V = all_gather_seq(X_p·W_Krᵀ, X_p·W_Vrᵀ)  (shard r's heads, all S tokens)
+                        Y_p += causal_attn(Q, K, V)·W_Orᵀ                           (local sum: no all-reduce)
+Gated MLP (§3.3): shards travel a ring (send to p+1, receive from p−1), double-buffered so shard t+1 is in
+flight while shard t computes; Y_p += SwiGLU_t(X_p) accumulates locally.
+
+Backward (A7, our design): attention re-broadcasts each shard and re-gathers its K/V (each owner step is
+recomputed, so nothing of size S is kept per shard); each shard's weight gradient is reduced to its owner
+(the dual of the broadcast) and dK/dV are reduce-scattered back to the token owners (the dual of the
+all-gather). The MLP re-circulates the weights and a gradient accumulator travels behind each shard, picking
+up every rank's partial dW and arriving summed at the owner after D−1 hops (a ring reduce-scatter). dX
+stays local. Norms, embedding and LM head are replicated and run on local tokens (A9), so their gradients
+are all-reduced over the group.
+
+Communication per layer per rank, forward (elements received; W = (2+2/g+3F)·h² weights, K = 2·B·S·h/g):
+    D broadcasts of (2+2/g)·h²/D  +  D−1 ring hops of 3F·h²/D   → W·(D−1)/D
+    D all-gathers of 2·B·S·h/(g·D)                              → K·(D−1)/D
+backward: the same broadcasts and all-gathers again (recompute), D reduces (attention dW), D reduce-scatters
+(dK/dV), D−1 weight hops + D−1 gradient hops (MLP): 3W·(D−1)/D + 2K·(D−1)/D in forward + backward.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from tspbench.config import ModelConfig, ParallelConfig
+from tspbench.model import project_qkv, swiglu
+from tspbench.schemes.base import ApplyArgs, ParallelModel, materialise_replicated, meta_model
+from tspbench.schemes.comm import Comm, broadcast_from_owner, gather_from_sequence
+from tspbench.schemes.layout import SeqLayout, attend_shard
+from tspbench.schemes.tp import ATTN_SPLIT, MLP_SPLIT, check_shards, shard_block_weights
+
+WEIGHT_TAG, GRAD_TAG = 1, 2  # P2P tags: a weight hop and a gradient hop may be in flight together
+
+
+def pack(ws: list[torch.Tensor]) -> torch.Tensor:
+    """One flat buffer on the wire (fewer, larger messages)."""
+    return torch.cat([w.reshape(-1) for w in ws])
+
+
+def unpack(buf: torch.Tensor, shapes: list[torch.Size]) -> list[torch.Tensor]:
+    out, off = [], 0
+    for s in shapes:
+        n = s.numel()
+        out.append(buf[off:off + n].view(s))
+        off += n
+    return out
+
+
+# ---- attention: broadcast loop + K/V all-gather -------------------------------------------------------
+class TSPAttention(nn.Module):
+    def __init__(self, w: dict[str, nn.Parameter], comm: Comm, layout: SeqLayout, cfg: ModelConfig):
+        super().__init__()
+        self.wq, self.wk, self.wv, self.wo = w["wq"], w["wk"], w["wv"], w["wo"]
+        self.comm, self.layout = comm, layout
+        self.head_dim, self.theta = cfg.head_dim, cfg.rope_theta
+
+    def owner_step(self, x: torch.Tensor, own: torch.Tensor, r: int, positions: torch.Tensor) -> torch.Tensor:
+        """Owner r's contribution to this rank's output. x: [B, S/D, h] → [B, S/D, h]."""
+        shapes = [self.wq.shape, self.wk.shape, self.wv.shape, self.wo.shape]
+        wq, wk, wv, wo = unpack(broadcast_from_owner(own, self.comm, src=r), shapes)
+        q, k, v = project_qkv(x, wq, wk, wv, positions, self.head_dim, self.theta)  # [B, heads_r, S/D, d]
+        n_kv = k.shape[1]
+        kv = gather_from_sequence(torch.cat([k, v], dim=1), self.comm, dim=2)      # [B, 2·n_kv/D, S, d]
+        kv = self.layout.unshard(kv, dim=2)                                          # zigzag → logical order
+        o = attend_shard(q, kv[:, :n_kv], kv[:, n_kv:], self.layout)                # [B, n_h/D, S/D, d]
+        return F.linear(o.transpose(1, 2).flatten(2), wo)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        own = pack([self.wq, self.wk, self.wv, self.wo])
+        y = torch.zeros_like(x)
+        for r in range(self.comm.size):
+            if torch.is_grad_enabled():
+                # Recompute in backward: re-broadcast shard r and re-gather its K/V rather than keep D
+                # shards and D full-sequence K/V alive until backward (that would undo the 1/D saving).
+                y = y + checkpoint(self.owner_step, x, own, r, positions, use_reentrant=False)
+            else:
+                y = y + self.owner_step(x, own, r, positions)
+        return y
+
+
+# ---- gated MLP: weight ring, double-buffered --------------------------------------------------------
+class _RingMLP(torch.autograd.Function):
+    """Y = Σ_t SwiGLU(X; shard (p−t) mod D), shards hopping p → p+1 while the current one computes.
+    Backward re-circulates the shards; a gradient accumulator follows each one and lands on its owner."""
+
+    @staticmethod
+    def forward(ctx, x, w_gate, w_up, w_down, comm: Comm):
+        ctx.comm, ctx.tag = comm, comm.log.tag
+        ctx.save_for_backward(x, w_gate, w_up, w_down)
+        shapes = [w_gate.shape, w_up.shape, w_down.shape]
+        buf, nxt = pack([w_gate, w_up, w_down]), None
+        y = torch.zeros_like(x)
+        for t in range(comm.size):
+            reqs = []
+            if t < comm.size - 1:                  # next shard travels while this one computes
+                nxt = torch.empty_like(buf)
+                reqs = comm.start_shift(buf, nxt, tag=WEIGHT_TAG)
+            y += swiglu(x, *unpack(buf, shapes))   # partial over this shard's F·h/D channels
+            for q in reqs:
+                q.wait()
+            buf = nxt if reqs else buf
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, w_gate, w_up, w_down = ctx.saved_tensors
+        comm, shapes = ctx.comm, [w_gate.shape, w_up.shape, w_down.shape]
+        with comm.log.scope(ctx.tag, backward=True):
+            buf = pack([w_gate, w_up, w_down]).detach()
+            dx = torch.zeros_like(x)
+            own_grad, acc_in, acc_reqs, keep = None, None, [], []
+            for t in range(comm.size):              # step t: this rank holds shard (rank − t) mod D
+                w_reqs, nxt = [], None
+                if t < comm.size - 1:
+                    nxt = torch.empty_like(buf)
+                    w_reqs = comm.start_shift(buf, nxt, tag=WEIGHT_TAG)
+                dx_t, dw_t = _swiglu_grads(x, unpack(buf, shapes), dy)
+                dx += dx_t
+                g = pack(dw_t)                      # this rank's partial dW for the shard
+                for q in acc_reqs:                  # the accumulator for this shard, from rank − 1
+                    q.wait()
+                if t == 0:
+                    own_grad = g                    # own shard: keep, the others' partials arrive last
+                else:
+                    if acc_in is not None:
+                        g = g + acc_in
+                    acc_in = torch.empty_like(g)    # pass it on (the last hop lands on the owner)
+                    acc_reqs, keep = comm.start_shift(g, acc_in, tag=GRAD_TAG), [g]
+                for q in w_reqs:
+                    q.wait()
+                buf = nxt if w_reqs else buf
+            for q in acc_reqs:
+                q.wait()
+            del keep
+            if acc_in is not None:                  # D ≥ 2: everyone else's partials for my shard
+                own_grad = own_grad + acc_in
+        dwg, dwu, dwd = unpack(own_grad, shapes)
+        return dx, dwg, dwu, dwd, None
+
+
+def _swiglu_grads(x, ws, dy):
+    """d/dx and d/dW of SwiGLU for one shard (recomputing its intermediate: nothing was stored)."""
+    with torch.enable_grad():
+        xg = x.detach().requires_grad_()
+        wg = [w.detach().requires_grad_() for w in ws]
+        out = swiglu(xg, *wg)
+        grads = torch.autograd.grad(out, [xg, *wg], dy)
+    return grads[0], list(grads[1:])
+
+
+class TSPMLP(nn.Module):
+    def __init__(self, w: dict[str, nn.Parameter], comm: Comm):
+        super().__init__()
+        self.w_gate, self.w_up, self.w_down = w["w_gate"], w["w_up"], w["w_down"]
+        self.comm = comm
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _RingMLP.apply(x, self.w_gate, self.w_up, self.w_down, self.comm)
+
+
+def apply(cfg: ModelConfig, par: ParallelConfig, args: ApplyArgs) -> ParallelModel:
+    comm = args.comm("tsp")
+    layout = SeqLayout(args.seq_len, comm.size, comm.rank, zigzag=True)
+    module, shards = meta_model(cfg, par.recompute), {}
+    for i, block in enumerate(module.layers):
+        block.attention = TSPAttention(shard_block_weights(block.attention, f"layers.{i}.attention", ATTN_SPLIT,
+                                                           comm, args, shards), comm, layout, cfg)
+        block.mlp = TSPMLP(shard_block_weights(block.mlp, f"layers.{i}.mlp", MLP_SPLIT, comm, args, shards), comm)
+    materialise_replicated(module, shards, args.seed, args.dtype, args.device, grad_sum=comm)
+    return ParallelModel(module, par, check_shards(module, shards), layout, comm, args.comm("dp"), args.log)
