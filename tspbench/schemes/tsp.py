@@ -22,8 +22,10 @@ are all-reduced over the group.
 Communication per layer per rank, forward (elements received; W = (2+2/g+3F)·h² weights, K = 2·B·S·h/g):
     D broadcasts of (2+2/g)·h²/D  +  D−1 ring hops of 3F·h²/D   → W·(D−1)/D
     D all-gathers of 2·B·S·h/(g·D)                              → K·(D−1)/D
-backward: the same broadcasts and all-gathers again (recompute), D reduces (attention dW), D reduce-scatters
-(dK/dV), D−1 weight hops + D−1 gradient hops (MLP): 3W·(D−1)/D + 2K·(D−1)/D in forward + backward.
+backward: the broadcasts and all-gathers again (recompute), D reduces (attention dW), D reduce-scatters
+(dK/dV), D−1 weight hops + D−1 gradient hops (MLP): (2W + 2K)·(D−1)/D, so 3W + 3K per layer in forward +
+backward. (tsp-method.md §5's 3W + 2K assumes the gathered K/V are kept from the forward instead of
+re-gathered; A7's default, followed here, re-gathers them.)
 """
 from __future__ import annotations
 
@@ -64,9 +66,15 @@ class TSPAttention(nn.Module):
         self.comm, self.layout = comm, layout
         self.head_dim, self.theta = cfg.head_dim, cfg.rope_theta
 
-    def owner_step(self, x: torch.Tensor, own: torch.Tensor, r: int, positions: torch.Tensor) -> torch.Tensor:
-        """Owner r's contribution to this rank's output. x: [B, S/D, h] → [B, S/D, h]."""
+    def owner_step(self, x: torch.Tensor, own: torch.Tensor, r: int, positions: torch.Tensor,
+                   tag: str) -> torch.Tensor:
+        """Owner r's contribution to this rank's output. x: [B, S/D, h] → [B, S/D, h]. `tag` keeps the
+        layer label on collectives replayed by the recompute in backward."""
         shapes = [self.wq.shape, self.wk.shape, self.wv.shape, self.wo.shape]
+        with self.comm.log.scope(tag):
+            return self._owner_step(x, own, r, positions, shapes)
+
+    def _owner_step(self, x, own, r, positions, shapes):
         wq, wk, wv, wo = unpack(broadcast_from_owner(own, self.comm, src=r), shapes)
         q, k, v = project_qkv(x, wq, wk, wv, positions, self.head_dim, self.theta)  # [B, heads_r, S/D, d]
         n_kv = k.shape[1]
@@ -77,14 +85,14 @@ class TSPAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         own = pack([self.wq, self.wk, self.wv, self.wo])
-        y = torch.zeros_like(x)
+        y, tag = torch.zeros_like(x), self.comm.log.tag
         for r in range(self.comm.size):
             if torch.is_grad_enabled():
                 # Recompute in backward: re-broadcast shard r and re-gather its K/V rather than keep D
                 # shards and D full-sequence K/V alive until backward (that would undo the 1/D saving).
-                y = y + checkpoint(self.owner_step, x, own, r, positions, use_reentrant=False)
+                y = y + checkpoint(self.owner_step, x, own, r, positions, tag, use_reentrant=False)
             else:
-                y = y + self.owner_step(x, own, r, positions)
+                y = y + self.owner_step(x, own, r, positions, tag)
         return y
 
 

@@ -1,0 +1,72 @@
+"""The parity matrix (issue A): every scheme × D ∈ {2, 4} × {MHA, GQA} × recompute {none, full} in float64,
+D = 8 for tsp and sp, DP replicas, the ring variant, and deliberately broken variants.
+
+Cases are grouped by world size so each group runs in ONE spawned rank group (spawning is the slow part
+on a 2-core machine).
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from tspbench.config import ModelConfig
+from tspbench.verify import VerifyConfig
+
+MHA = ModelConfig(name="tiny", vocab_size=128, dim=64, n_layers=2, n_heads=8, n_kv_heads=8, ffn_hidden=128)
+GQA = replace(MHA, name="tiny_gqa", n_kv_heads=4)            # g = 2, n_kv divisible by D ≤ 4
+GQA8 = replace(MHA, name="tiny_gqa8", n_heads=16, n_kv_heads=8)  # g = 2 at D = 8
+
+# (scheme, sp_variant, tp) for a group of `degree` ranks
+VARIANTS = {
+    2: [("tp", "allgather", 0), ("tp_msp", "allgather", 0), ("sp", "allgather", 0), ("sp", "ring", 0),
+        ("tsp", "allgather", 0), ("tp_sp", "allgather", 1), ("tp_sp", "allgather", 2)],
+    4: [("tp", "allgather", 0), ("tp_msp", "allgather", 0), ("sp", "allgather", 0), ("sp", "ring", 0),
+        ("tsp", "allgather", 0), ("tp_sp", "allgather", 2), ("tp_sp", "ring", 2)],
+}
+
+
+def case_id(vc: VerifyConfig, breakage: str | None) -> str:
+    s = f"{vc.scheme}-D{vc.degree}-dp{vc.dp}-{vc.model.name}-rc_{vc.recompute}"
+    if vc.scheme in ("sp", "tp_sp"):
+        s += f"-{vc.sp_variant}"
+    if vc.scheme == "tp_sp":
+        s += f"-T{vc.tp}"
+    return s + (f"-BROKEN_{breakage}" if breakage else "")
+
+
+def _vc(model, scheme, degree, variant="allgather", tp=0, dp=1, recompute="none") -> VerifyConfig:
+    return VerifyConfig(model=model, scheme=scheme, degree=degree, tp=tp, dp=dp, sp_variant=variant,
+                        recompute=recompute, seq_len=32, batch=2, dtype="float64")
+
+
+def cases_for_world(world: int) -> list[tuple[VerifyConfig, str | None]]:
+    out: list[tuple[VerifyConfig, str | None]] = []
+    if world in VARIANTS:
+        for scheme, variant, tp in VARIANTS[world]:
+            for model in (MHA, GQA):
+                for rc in ("none", "full"):
+                    out.append((_vc(model, scheme, world, variant, tp, recompute=rc), None))
+    if world == 4:  # data parallel: 2 replicas of a 2-rank group
+        for scheme, variant, tp in VARIANTS[2]:
+            out.append((_vc(GQA, scheme, 2, variant, tp, dp=2), None))
+        out.append((_vc(MHA, "single", 1, dp=4), None))
+    if world == 8:
+        for scheme in ("tsp", "sp"):
+            for model in (MHA, GQA8):
+                out.append((_vc(model, scheme, 8), None))
+    if world == 2:
+        # Non-vacuity: each bug must FAIL the very comparison the real code passes.
+        out += [(_vc(MHA, "tp", 2), "missing_allreduce"),
+                (_vc(MHA, "tp_msp", 2), "missing_grad_sync"),
+                (_vc(MHA, "sp", 2), "wrong_zigzag_order"),
+                (_vc(MHA, "sp", 2), "missing_grad_sync"),
+                (_vc(MHA, "tsp", 2), "skipped_ring_hop"),
+                (_vc(MHA, "tsp", 2), "wrong_zigzag_order"),
+                (_vc(MHA, "tsp", 2), "no_reduce_to_owner"),
+                (_vc(MHA, "tsp", 2), "missing_grad_sync")]
+    if world == 4:
+        out += [(_vc(MHA, "tsp", 4), "skipped_ring_hop"), (_vc(MHA, "tp_sp", 4, tp=2), "wrong_zigzag_order")]
+    return out
+
+
+WORLDS = (2, 4, 8)
+ALL = {case_id(vc, b): (w, vc, b) for w in WORLDS for vc, b in cases_for_world(w)}

@@ -1,0 +1,78 @@
+"""Collective accounting: what each scheme issues per layer equals the formulas of tsp-method.md §5 exactly
+(elements received per rank, bandwidth-optimal volume convention in tspbench.schemes.comm), and the
+analytic cost model (tspbench.costmodel.comm_per_layer) predicts the same numbers as the code counts."""
+from __future__ import annotations
+
+import pytest
+from parity_cases import ALL
+
+from tspbench.costmodel import comm_per_layer
+
+
+def formula_fwd(vc) -> float:
+    m, B, S = vc.model, vc.batch, vc.seq_len
+    h, g, d = m.dim, m.n_heads // m.n_kv_heads, m.head_dim
+    n = vc.degree
+    if vc.scheme in ("tp", "tp_msp"):
+        return 4 * B * S * h * (n - 1) / n
+    if vc.scheme == "sp":
+        return 2 * B * S * (h / g) * (n - 1) / n
+    if vc.scheme == "tp_sp":
+        t = vc.tp
+        s = n // t
+        return 4 * B * (S / s) * h * (t - 1) / t + 2 * B * S * (h / (g * t)) * (s - 1) / s
+    if vc.scheme == "tsp":
+        W = (2 * m.n_heads * d + 2 * m.n_kv_heads * d) * h + 3 * m.ffn_hidden * h  # (2 + 2/g + 3F)·h²
+        K = 2 * B * S * (h / g)
+        return (W + K) * (n - 1) / n
+    raise AssertionError(vc.scheme)
+
+
+def formula_bwd(vc) -> float:
+    """No recompute. TP/Megatron-SP mirror their forward collectives; SP/TP×SP reduce-scatter dK/dV (ring:
+    reverse hops of the same size); TSP re-broadcasts and re-gathers (A7), reduces dW to owners, reduce-
+    scatters dK/dV and runs a second weight ring plus a gradient ring: 2W + 2K."""
+    f = formula_fwd(vc)
+    return 2 * f if vc.scheme == "tsp" else f
+
+
+CASES = [k for k, (w, vc, b) in ALL.items() if b is None and vc.scheme != "single" and vc.dp == 1]
+
+
+@pytest.mark.parametrize("cid", CASES)
+def test_layer_volume_equals_formula(parity_results, cid):
+    world, vc, _ = ALL[cid]
+    got = parity_results(world)[cid]["comm_layer0"]
+    assert got["fwd"] == pytest.approx(formula_fwd(vc), rel=1e-12, abs=0)
+    if vc.recompute == "none":
+        assert got["bwd"] == pytest.approx(formula_bwd(vc), rel=1e-12, abs=0)
+    else:  # recompute replays (part of) the forward's collectives during backward, never fewer
+        assert got["bwd"] > formula_bwd(vc)
+
+
+@pytest.mark.parametrize("cid", [c for c in CASES if ALL[c][1].recompute == "none"])
+def test_cost_model_predicts_counted_volume(parity_results, cid):
+    world, vc, _ = ALL[cid]
+    got = parity_results(world)[cid]["comm_layer0"]
+    pred = comm_per_layer(vc.model, vc.parallel(), vc.seq_len, vc.batch, mode="train",
+                          regather_kv=vc.scheme == "tsp")
+    assert pred["fwd_total"] == pytest.approx(got["fwd"], rel=1e-12)
+    assert pred["bwd_total"] == pytest.approx(got["bwd"], rel=1e-12)
+
+
+@pytest.mark.parametrize("cid", [c for c in CASES if ALL[c][1].recompute == "none" and ALL[c][1].scheme in ("tp", "tsp")])
+def test_collective_pattern(parity_results, cid):
+    """Not just the volume: the ops. TP: 2 all-reduces forward. TSP: D broadcasts, D K/V all-gathers and
+    D−1 weight-ring hops forward, and no all-reduce inside a layer."""
+    world, vc, _ = ALL[cid]
+    ops = parity_results(world)[cid]["comm_ops_layer0"]
+    fwd = [o[0] for o in ops if o[1] == "fwd"]
+    D = vc.degree
+    if vc.scheme == "tp":
+        assert fwd == ["all_reduce", "all_reduce"]
+    else:
+        assert fwd.count("broadcast") == D and fwd.count("all_gather") == D and fwd.count("send_recv") == D - 1
+        assert "all_reduce" not in [o[0] for o in ops]
+        bwd = [o[0] for o in ops if o[1] == "bwd"]
+        assert bwd.count("reduce") == D and bwd.count("reduce_scatter") == D
+        assert bwd.count("send_recv") == 2 * (D - 1)  # weight ring + gradient ring

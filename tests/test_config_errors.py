@@ -1,0 +1,52 @@
+"""Bad input stops before any rank is spawned, with one actionable line naming the field and the allowed
+values, and no traceback."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tspbench.config import ConfigError, ModelConfig, ParallelConfig, validate_parallel
+from tspbench.verify import main
+
+BAD = [
+    (["scheme=tsp", "degree=3"], "model.n_heads=8 must be divisible"),
+    (["scheme=tp", "degree=4", "model.n_kv_heads=2"], "model.n_kv_heads=2 must be divisible"),
+    (["scheme=tsp", "degree=4", "seq_len=36"], "seq_len=36 must be divisible by 2×"),
+    (["scheme=sp", "degree=2", "seq_len=30"], "zigzag"),
+    (["scheme=zigzag"], "allowed: single, tp, tp_msp, sp, tp_sp, tsp"),
+    (["scheme=tsp", "degree=1"], "use scheme=single or degree ≥ 2"),
+    (["scheme=single", "degree=2"], "use degree=1"),
+    (["scheme=tp_sp", "degree=4", "tp=3"], "tp=3 must divide degree=4"),
+    (["scheme=sp", "sp_variant=ulysses"], "allowed: allgather, ring"),
+    (["scheme=tp", "recompute=selective"], "allowed: none, full"),
+    (["dtype=float16"], "allowed: float64, float32, bfloat16"),
+    (["model.n_kv_heads=3"], "model.n_kv_heads=3 must divide model.n_heads=8"),
+]
+
+
+@pytest.mark.parametrize("argv,needle", BAD, ids=[" ".join(a) for a, _ in BAD])
+def test_bad_input_one_line(argv, needle, capsys, monkeypatch):
+    import tspbench.verify as v
+    monkeypatch.setattr(v, "run_cases", lambda *a, **k: pytest.fail("ranks spawned for bad input"))
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and needle in err, err
+
+
+def test_hydra_rejects_misspelt_key(capsys):
+    assert main(["scheem=tsp"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "scheem" in err
+
+
+def test_world_size_mismatch_names_fields():
+    with pytest.raises(ConfigError, match=r"dp × degree"):
+        validate_parallel(ModelConfig(), ParallelConfig(scheme="tsp", degree=2, dp=1), 32, world_size=4)
+
+
+def test_cli_exit_code_and_no_traceback():
+    p = subprocess.run([sys.executable, "-m", "tspbench.verify", "scheme=tsp", "degree=3"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "Traceback" not in p.stderr and p.stderr.count("\n") == 1

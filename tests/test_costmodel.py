@@ -1,0 +1,283 @@
+"""Cost model, claims and hardware profiles: pure arithmetic, CPU, fast.
+
+Golden numbers come from tsp-method.md §4–§6 (reference model h = 4096, L = 32, g = 1, ffn = 4h, bf16).
+Tolerances are the rounding of the published figures (two decimals in GB), so a wrong factor of (D−1)/D,
+a missing collective or a wrong element size fails them; the non-vacuity tests show that.
+"""
+from __future__ import annotations
+
+from dataclasses import fields, replace
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tspbench.claims import load_claims
+from tspbench.config import ModelConfig, ParallelConfig
+from tspbench.costmodel import (comm_per_layer, crossover_tokens, flops_per_token, layer_activation_bytes,
+                                layer_weight_params, memory_breakdown, non_embedding_params, replicated_params)
+from tspbench.costmodel_time import (HardwareProfile, cluster_throughput, collective_time_s, layer_collectives,
+                                     load_hardware, received_elems, step_time)
+
+LLAMA7B = ModelConfig(name="llama7b", vocab_size=32000, dim=4096, n_layers=32, n_heads=32, n_kv_heads=32,
+                      ffn_hidden=16384)
+S128K = 131072
+HW_DIR = Path(__file__).resolve().parents[1] / "conf" / "hardware"
+HW_NAMES = ("mi300x", "h100", "h200", "cpu")
+
+
+def fwd_gb(scheme: str, degree: int = 8, tp: int = 0, seq_len: int = S128K) -> float:
+    """Forward elements per layer per device × 2 bytes, in GB."""
+    c = comm_per_layer(LLAMA7B, ParallelConfig(scheme=scheme, degree=degree, tp=tp), seq_len, 1)
+    return c["fwd_total"] * 2 / 1e9
+
+
+# ---------------------------------------------------------------------------------------------- §5 comm
+def test_worked_comm_numbers_per_layer():
+    # tsp-method.md §5 table: B = 1, S = 128K, D = T = 8, bf16; figures rounded to 0.01 GB
+    tsp = comm_per_layer(LLAMA7B, ParallelConfig(scheme="tsp", degree=8), S128K, 1)["fwd"]
+    assert tsp["weights"] * 2 / 1e9 == pytest.approx(0.47, abs=0.005)
+    assert tsp["kv"] * 2 / 1e9 == pytest.approx(1.88, abs=0.005)
+    assert fwd_gb("tsp") == pytest.approx(2.35, abs=0.005)
+    assert fwd_gb("tp") == pytest.approx(3.76, abs=0.005)
+    assert fwd_gb("tp_msp") == pytest.approx(3.76, abs=0.005)
+    assert fwd_gb("tp_sp", tp=4) == pytest.approx(1.88, abs=0.005)
+    assert fwd_gb("tp_sp", tp=2) == pytest.approx(1.34, abs=0.005)
+    # per 32-layer forward: 75, 120, 60, 43 GB
+    for scheme, tp, total in (("tsp", 0, 75), ("tp", 0, 120), ("tp_sp", 4, 60), ("tp_sp", 2, 43)):
+        assert 32 * fwd_gb(scheme, tp=tp) == pytest.approx(total, abs=0.5)
+
+
+def test_worked_comm_numbers_non_vacuity():
+    # plausible bugs: TSP weights without the (D−1)/D factor, TP counting one all-reduce instead of two
+    w_no_factor = layer_weight_params(LLAMA7B) * 2 / 1e9
+    assert abs(w_no_factor - 0.47) > 0.005
+    assert abs(fwd_gb("tp") / 2 - 3.76) > 0.005
+    assert abs(fwd_gb("tp_sp", tp=4, seq_len=S128K // 2) - 1.88) > 0.005
+
+
+def test_train_volumes_follow_section5():
+    par = ParallelConfig(scheme="tsp", degree=8)
+    c = comm_per_layer(LLAMA7B, par, S128K, 1, mode="train")
+    w, k = c["fwd"]["weights"], c["fwd"]["kv"]
+    assert c["fwd_total"] + c["bwd_total"] == pytest.approx(3 * w + 2 * k)          # TSP 3W + 2K
+    tp = comm_per_layer(LLAMA7B, ParallelConfig(scheme="tp", degree=8), S128K, 1, mode="train")
+    assert tp["bwd_total"] == pytest.approx(tp["fwd_total"])                          # TP repeats its all-reduces
+    rc = comm_per_layer(LLAMA7B, replace(par, recompute="full"), S128K, 1, mode="train")
+    assert rc["bwd_total"] == pytest.approx(c["bwd_total"] + c["fwd_total"])          # + one forward
+    assert comm_per_layer(LLAMA7B, par, S128K, 1)["bwd_total"] == 0                   # forward mode
+    # grad_sync is per step: tsp all-reduces only the replicated (norm, embedding, LM-head) gradients
+    assert c["grad_sync"] == pytest.approx(2 * replicated_params(LLAMA7B) * 7 / 8)
+    assert comm_per_layer(LLAMA7B, ParallelConfig(scheme="tp", degree=8), S128K, 1, mode="train")["grad_sync"] == 0
+
+
+@pytest.mark.parametrize("scheme,degree,tp", [("tp", 8, 0), ("tp_msp", 8, 0), ("sp", 8, 0), ("tp_sp", 8, 2),
+                                              ("tp_sp", 8, 4), ("tsp", 8, 0), ("tsp", 4, 0), ("single", 1, 0)])
+@pytest.mark.parametrize("mode,recompute", [("forward", "none"), ("train", "none"), ("train", "full")])
+def test_collective_schedule_matches_closed_form(scheme, degree, tp, mode, recompute):
+    # the α–β schedule (op by op) and the closed-form §5 volumes must describe the same traffic
+    par = ParallelConfig(scheme=scheme, degree=degree, tp=tp, recompute=recompute)
+    colls = layer_collectives(LLAMA7B, par, 8192, 2, mode=mode)
+    received = sum(count * received_elems(op, p, n) for op, p, n, _, count in colls)
+    c = comm_per_layer(LLAMA7B, par, 8192, 2, mode=mode)
+    assert received == pytest.approx(c["fwd_total"] + c["bwd_total"])
+    if colls:   # non-vacuity: dropping any one collective breaks the equality
+        op, p, n, _, count = colls[0]
+        assert received - received_elems(op, p, n) != pytest.approx(c["fwd_total"] + c["bwd_total"])
+
+
+def test_tp_sp_degenerates_to_tp_and_sp():
+    for seq in (16384, S128K):
+        for mode in ("forward", "train"):
+            a = comm_per_layer(LLAMA7B, ParallelConfig(scheme="tp_sp", degree=8, tp=8), seq, 1, mode=mode)
+            b = comm_per_layer(LLAMA7B, ParallelConfig(scheme="tp", degree=8), seq, 1, mode=mode)
+            assert a["fwd_total"] + a["bwd_total"] == pytest.approx(b["fwd_total"] + b["bwd_total"])
+        for pair in ((ParallelConfig(scheme="tp_sp", degree=8, tp=8), ParallelConfig(scheme="tp", degree=8)),
+                     (ParallelConfig(scheme="tp_sp", degree=8, tp=1), ParallelConfig(scheme="sp", degree=8))):
+            ma, mb = (memory_breakdown(LLAMA7B, replace(p, recompute="full"), seq, 1) for p in pair)
+            assert ma == pytest.approx(mb)
+
+
+# ---------------------------------------------------------------------------------------------- crossover
+def test_crossover_is_8h_forward_and_12h_train():
+    assert crossover_tokens(LLAMA7B, 8) == 8 * 4096 == 32768
+    assert crossover_tokens(LLAMA7B, 8, mode="train") == 12 * 4096 == 49152
+    # at the crossover TSP ≤ TP, one token below it TSP > TP
+    assert fwd_gb("tsp", seq_len=32768) <= fwd_gb("tp", seq_len=32768) + 1e-12
+    assert fwd_gb("tsp", seq_len=32767) > fwd_gb("tp", seq_len=32767)
+    gqa = replace(LLAMA7B, n_kv_heads=8)                     # g = 4: B·S ≥ 4.1h (tsp-method.md §5)
+    assert crossover_tokens(gqa, 8) / 4096 == pytest.approx(4.14, abs=0.01)
+    with pytest.raises(ValueError):
+        crossover_tokens(LLAMA7B, 1)
+
+
+# ---------------------------------------------------------------------------------------------- memory
+def test_parameter_count_and_state_bytes():
+    assert layer_weight_params(LLAMA7B) == 16 * 4096**2 == 268_435_456
+    assert non_embedding_params(LLAMA7B) == 8_589_934_592
+    par = ParallelConfig(scheme="tsp", degree=8, recompute="full")
+    for grad_dtype, k in ((None, 16), ("float32", 18)):
+        m = memory_breakdown(LLAMA7B, par, S128K, 1, grad_dtype=grad_dtype)
+        state = m["params"] + m["grads"] + m["optimizer"]
+        sharded_state = state - k * replicated_params(LLAMA7B)         # embedding + LM head + norms on every rank
+        assert sharded_state == pytest.approx(k * non_embedding_params(LLAMA7B) / 8)
+    assert 16 * non_embedding_params(LLAMA7B) / 8 / 1e9 == pytest.approx(17.18, abs=0.005)   # 17.2 GB/rank
+    # sp replicates every weight; TP shards them like TSP
+    sp = memory_breakdown(LLAMA7B, ParallelConfig(scheme="sp", degree=8), S128K, 1)
+    assert sp["params"] == pytest.approx(2 * (non_embedding_params(LLAMA7B) + replicated_params(LLAMA7B)))
+    tp = memory_breakdown(LLAMA7B, ParallelConfig(scheme="tp", degree=8), S128K, 1)
+    assert tp["params"] == pytest.approx(memory_breakdown(LLAMA7B, par, S128K, 1)["params"])
+
+
+def test_memory_keys_and_total():
+    m = memory_breakdown(LLAMA7B, ParallelConfig(scheme="tsp", degree=8), 16384, 1)
+    assert list(m) == ["params", "grads", "optimizer", "activations", "temporaries", "comm_buffers", "kv_cache",
+                       "total"]
+    assert m["total"] == pytest.approx(sum(v for k, v in m.items() if k != "total"))
+    assert m["kv_cache"] == 0
+
+
+def test_activation_sharding():
+    single = layer_activation_bytes(LLAMA7B, ParallelConfig(), S128K, 1)
+    # 48·s·b·h bytes per layer in bf16 (module docstring) + n_h fp32 LSE values per token
+    assert single == pytest.approx(48 * S128K * 4096 + 4 * 32 * S128K)
+    for scheme in ("tsp", "tp_msp", "sp"):        # every saved tensor is ÷ degree
+        par = ParallelConfig(scheme=scheme, degree=8)
+        assert layer_activation_bytes(LLAMA7B, par, S128K, 1) == pytest.approx(single / 8)
+    tp = layer_activation_bytes(LLAMA7B, ParallelConfig(scheme="tp", degree=8), S128K, 1)
+    assert tp == pytest.approx((4 + 20 / 8) * 2 * S128K * 4096 + 4 * 32 * S128K / 8)    # replicated norms/inputs
+    # full recompute keeps only each layer's (sharded) input: 2·s·b·h per layer, ÷D for TSP
+    none = memory_breakdown(LLAMA7B, ParallelConfig(scheme="tsp", degree=8), S128K, 1)
+    full = memory_breakdown(LLAMA7B, ParallelConfig(scheme="tsp", degree=8, recompute="full"), S128K, 1)
+    head = 2 * (S128K / 8) * 4096 * 2
+    assert full["activations"] - head == pytest.approx(32 * 2 * S128K * 4096 / 8)
+    assert none["activations"] - head == pytest.approx(32 * single / 8)
+
+
+def test_tsp_buffers_and_forward_mode():
+    # tsp-method.md §4: attention shard 16.8 MB, two ring buffers 101 MB, K/V of one owner 268 MB
+    m = memory_breakdown(LLAMA7B, ParallelConfig(scheme="tsp", degree=8), S128K, 1)
+    assert m["comm_buffers"] / 1e6 == pytest.approx(16.8 + 100.7 + 268.4, abs=0.5)
+    f = memory_breakdown(LLAMA7B, ParallelConfig(scheme="tsp", degree=8), S128K, 1, mode="forward")
+    assert f["grads"] == f["optimizer"] == f["activations"] == 0
+    assert f["kv_cache"] == pytest.approx(2 * 32 * S128K * 4096 * 2 / 8)           # KV / D
+    tp = memory_breakdown(LLAMA7B, ParallelConfig(scheme="tp", degree=8), S128K, 1, mode="forward")
+    assert tp["kv_cache"] == pytest.approx(f["kv_cache"])                          # KV / T
+
+
+# ---------------------------------------------------------------------------------------------- FLOPs / time
+def test_flops_per_token():
+    n, s = non_embedding_params(LLAMA7B), S128K
+    # one layer at 128K: 0.54 GF linear + 1.07 GF causal attention = 1.61 GF (tsp-method.md §6.5)
+    assert flops_per_token(LLAMA7B, s, True, mode="forward", layers=1) / 1e9 == pytest.approx(1.61, abs=0.005)
+    # PaLM / torchtitan: 6N + 12·L·h·S, no causal halving, no embedding or LM head
+    palm = flops_per_token(LLAMA7B, s, False, mode="train", include_lm_head=False)
+    assert palm == pytest.approx(6 * n + 12 * 32 * 4096 * s)
+    hfu = flops_per_token(LLAMA7B, s, False, include_recompute=True, mode="train", include_lm_head=False)
+    assert hfu == pytest.approx(palm * 4 / 3)
+
+
+def test_alpha_beta_toy():
+    n, bw, a = 1e6, 1e9, 1e-6
+    assert collective_time_s("allgather", 4, n, bw, a) == pytest.approx(3e-6 + 0.75e-3)
+    assert collective_time_s("reduce_scatter", 4, n, bw, a) == pytest.approx(3e-6 + 0.75e-3)
+    assert collective_time_s("allreduce", 4, n, bw, a) == pytest.approx(6e-6 + 1.5e-3)
+    assert collective_time_s("broadcast", 4, n, bw, a) == pytest.approx(3e-6 + 1e-3)
+    assert collective_time_s("p2p", 2, n, bw, a) == pytest.approx(1e-6 + 1e-3)
+    assert collective_time_s("allreduce", 1, n, bw, a) == 0
+    # the all-reduce is the sum of a reduce-scatter and an all-gather
+    assert collective_time_s("allreduce", 8, n, bw, a) == pytest.approx(
+        collective_time_s("reduce_scatter", 8, n, bw, a) + collective_time_s("allgather", 8, n, bw, a))
+
+
+def test_link_selection_and_overlap():
+    hw = load_hardware("mi300x")
+    assert hw.link(8) == (448e9 * 0.65, 5e-6)
+    assert hw.link(8, p2p=True)[0] == pytest.approx(64e9 * 0.65)
+    assert hw.link(16) == (50e9 * 0.65, 10e-6)
+    par = ParallelConfig(scheme="tsp", degree=8)
+    none = step_time(LLAMA7B, par, S128K, 1, hw, mode="forward", overlap="none")
+    ideal = step_time(LLAMA7B, par, S128K, 1, hw, mode="forward", overlap="ideal")
+    assert none["step_s"] == pytest.approx(none["compute_s"] + none["comm_s"])
+    assert ideal["step_s"] == pytest.approx(max(ideal["compute_s"], ideal["comm_s"]))
+    assert none["exposed_comm_s"] == pytest.approx(none["comm_s"])
+    # compute: the replica's FLOPs split over D ranks at peak × efficiency
+    one = step_time(LLAMA7B, par, S128K, 1, hw, layers=1)
+    assert one["compute_s"] == pytest.approx(1.6106e9 * S128K / 8 / (1307.4e12 * 0.5), rel=1e-3)
+
+
+def test_cluster_throughput():
+    hw = load_hardware("mi300x")
+    par = ParallelConfig(scheme="tsp", degree=8)
+    fwd = cluster_throughput(LLAMA7B, par, S128K, 1, hw, 1024, mode="forward", overlap="ideal", layers=1)
+    assert fwd["dp_replicas"] == 128 and fwd["dp_allreduce_s"] == 0
+    assert fwd["tokens_per_s"] == pytest.approx(128 * S128K / fwd["step_s"])
+    assert fwd["tokens_per_s_per_device"] == pytest.approx(fwd["tokens_per_s"] / 1024)
+    train = cluster_throughput(LLAMA7B, replace(par, recompute="full"), S128K, 1, hw, 1024, mode="train")
+    assert train["dp_allreduce_s"] > 0 and train["step_s"] > fwd["step_s"]
+
+
+# ---------------------------------------------------------------------------------------------- claims, hw
+def test_claims_load_with_sources():
+    claims = load_claims()
+    ids = {c["id"]: c for c in claims}
+    expected = {"mem_16k_tsp": 31.0, "mem_16k_tp": 31.5, "mem_128k_tsp": 38.8, "mem_128k_tp": 70.0,
+                "mem_128k_tpsp_a": 85.0, "mem_128k_tpsp_b": 140.0, "tput_1024_tsp": 173e6,
+                "tput_1024_tpsp_blog": 86e6, "tput_1024_tpsp_press": 66.3e6, "ratio_blog": 2.0, "ratio_press": 2.6}
+    assert {k: ids[k]["value"] for k in expected} == expected
+    for c in claims:
+        assert c["source"] and c["note"], c["id"]
+        assert c["label"] in ("[paper/blog]", "[secondary]"), c["id"]
+        assert c["hardware"] == "mi300x"
+        assert c["scheme"] in ("tsp", "tp", "tp_msp", "sp", "tp_sp")
+    assert ids["mem_128k_tpsp_a"]["tp"] is None                      # layout unknown (A3)
+
+
+@pytest.mark.parametrize("name", HW_NAMES)
+def test_hardware_yaml_loads_with_sources(name):
+    path = HW_DIR / f"{name}.yaml"
+    assert path.read_text().splitlines()[0].strip() == "# @package hardware"
+    data = yaml.safe_load(path.read_text())
+    assert set(data) <= {f.name for f in fields(HardwareProfile)}      # Hydra group keys = dataclass fields
+    hw = load_hardware(name)
+    assert hw.name == name and hw.sources
+    assert hw.peak_flops_bf16 > 0 and hw.intra_node_bw >= hw.inter_node_bw and 0 < hw.matmul_efficiency <= 1
+    for line in path.read_text().splitlines()[1:]:                   # every number carries a comment
+        if line and not line.startswith(("#", " ", "sources")) and line.split(":", 1)[1].strip() not in ("", "null"):
+            value = line.split(":", 1)[1].split("#")[0].strip()
+            if value[:1].isdigit():
+                assert "#" in line, line
+
+
+def test_hardware_datasheet_values():
+    mi = load_hardware("mi300x")
+    assert (mi.peak_flops_bf16, mi.mem_bytes, mi.mem_bw) == (1307.4e12, 192e9, 5.3e12)
+    h100, h200 = load_hardware("h100"), load_hardware("h200")
+    assert (h100.mem_bytes, h100.mem_bw, h200.mem_bytes, h200.mem_bw) == (80e9, 3.35e12, 141e9, 4.8e12)
+    assert h100.intra_node_bw == h200.intra_node_bw == 450e9 and h100.inter_node_bw == 50e9
+    with pytest.raises(ValueError, match="known profiles"):
+        load_hardware("nope")
+
+
+def test_hardware_is_a_hydra_group():
+    from hydra import compose, initialize_config_dir
+    with initialize_config_dir(config_dir=str(HW_DIR.parent), version_base=None):
+        cfg = compose(config_name=None, overrides=["+hardware=mi300x"])
+    assert cfg.hardware.name == "mi300x" and float(cfg.hardware.peak_flops_bf16) == 1307.4e12
+
+
+# ---------------------------------------------------------------------------------------------- paper
+def test_paper_tables():
+    from tspbench.paper import crossover_table, paper_memory_table, plausibility_173m
+    mem = paper_memory_table()
+    assert len(mem) == 12 and mem.claim.notna().sum() == 6
+    assigned = mem.set_index("claim_id").layout
+    assert assigned["mem_128k_tpsp_a"] == "TP×SP T=2×Σ=4" and assigned["mem_128k_tpsp_b"] == "TP×SP T=1×Σ=8"
+    assert (mem[~mem.within_10pct & mem.claim.notna()].note.str.len() > 0).all()   # every miss is explained
+    p = plausibility_173m()
+    assert p["tokens_per_s_per_gpu"] == pytest.approx(168945.3, abs=0.1)
+    assert p["required_pflops_per_gpu_full_linear_only"] == pytest.approx(2.9, abs=0.01)
+    assert not p["full_forward_plausible"]
+    assert p["fraction_of_peak_layer_causal_halved"] == pytest.approx(0.21, abs=0.005)
+    x = crossover_table()
+    assert (x.tsp_le_tp == (x.tokens >= 32768)).all()

@@ -1,0 +1,34 @@
+"""Every scheme equals the single-device model: logits, loss, every gradient and every parameter after one
+AdamW step, in float64 on CPU (gloo ranks spawned by the fixture). Tolerance: tspbench.verify.TOL (1e-10
+normwise relative in float64; the module docstring there explains it). Broken variants must FAIL the same
+comparison, so the check cannot pass vacuously.
+"""
+from __future__ import annotations
+
+import pytest
+from parity_cases import ALL
+
+
+def _failures(res: dict) -> str:
+    return "\n".join(f"  {c['name']}: rel {c['max_rel']:.3e} > tol {c['tol']:.0e}"
+                     for c in res["checks"] if not c["ok"])
+
+
+@pytest.mark.parametrize("cid", [k for k, v in ALL.items() if v[2] is None])
+def test_scheme_matches_single_device(parity_results, cid):
+    world, vc, _ = ALL[cid]
+    res = parity_results(world)[cid]
+    names = {c["name"] for c in res["checks"]}
+    # logits, loss, a gradient and an updated value for every reference parameter were compared
+    assert {"loss", "logits"} <= names and sum(n.startswith("grad/") for n in names) == 3 + 9 * 2
+    assert sum(n.startswith("param/") for n in names) == 3 + 9 * 2
+    assert res["ok"], f"{cid} mismatches:\n{_failures(res)}"
+
+
+@pytest.mark.parametrize("cid", [k for k, v in ALL.items() if v[2] is not None])
+def test_broken_variant_is_caught(parity_results, cid):
+    world, vc, breakage = ALL[cid]
+    res = parity_results(world)[cid]
+    assert not res["ok"], f"the deliberately broken variant {breakage} passed the parity check"
+    worst = max(c["max_rel"] for c in res["checks"])
+    assert worst > 1e3 * res["checks"][0]["tol"], "a real bug should miss by orders of magnitude"

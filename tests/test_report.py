@@ -1,0 +1,157 @@
+"""The HTML report: tables, exports and self-containment, from synthetic records (no runs, no browser)."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+import report_fixtures as rf
+from tspbench.report import build, build_report
+from tspbench.report.figures import FIGURES
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory) -> tuple[Path, str, pd.DataFrame]:
+    tmp = tmp_path_factory.mktemp("report")
+    src = rf.write_records(tmp / "results" / "run.jsonl")
+    html = build_report([src], out=tmp / "out" / "fixture.html", title="fixture report",
+                        claims=rf.CLAIMS)
+    return html, html.read_text(), pd.read_csv(html.with_suffix(".csv"))
+
+
+def claim_rows(csv: pd.DataFrame, cid: str) -> pd.DataFrame:
+    return csv[csv["id"] == cid]
+
+
+def test_writes_html_csv_md_beside_each_other(report):
+    html, text, _ = report
+    assert html.name == "fixture.html" and html.exists()
+    assert html.with_suffix(".csv").exists() and html.with_suffix(".md").exists()
+    assert "<title>fixture report</title>" in text
+
+
+def test_every_claim_has_a_row(report):
+    _, text, csv = report
+    assert set(csv["id"]) == {c["id"] for c in rf.CLAIMS}
+    for c in rf.CLAIMS:
+        assert f'data-claim="{c["id"]}"' in text
+
+
+def test_memory_deviation_uses_gib_to_gb_and_latest_duplicate(report):
+    # The stale record with the same run_id (99 GiB) must lose to the later one (36 GiB).
+    row = claim_rows(report[2], "mem_tsp_128k").iloc[0]
+    ours = rf.MEM_TSP_128K_GIB * 1.073741824
+    assert row["ours"] == pytest.approx(ours)
+    assert row["deviation_pct"] == pytest.approx((ours - 38.8) / 38.8 * 100)
+    assert row["method"] == "estimated" and row["hardware"] == "mi300x" and bool(row["within"])
+    assert "GiB" in row["basis"] and "GB" in row["basis"]
+
+
+def test_throughput_and_speedup_claims(report):
+    csv = report[2]
+    tok = claim_rows(csv, "tok_tsp_1024").iloc[0]
+    assert tok["ours"] == pytest.approx(rf.TOK_TSP_1024)
+    assert tok["deviation_pct"] == pytest.approx((160e6 - 173e6) / 173e6 * 100)
+    assert tok["method"] == "modelled"
+    # The speed-up is over the strongest TP×SP layout at the same GPU count (80M, T=4·Σ=2).
+    sp = claim_rows(csv, "speedup_tsp").iloc[0]
+    assert sp["ours"] == pytest.approx(rf.TOK_TSP_1024 / rf.TOK_TPSP_1024[0])
+    assert "T=4·Σ=2" in sp["basis"]
+
+
+def test_unmatched_claim_says_not_reproduced(report):
+    _, text, csv = report
+    row = claim_rows(csv, "mem_tsp_256k").iloc[0]
+    assert pd.isna(row["ours"]) and row["basis"] == build.NOT_REPRODUCED
+    assert build.NOT_REPRODUCED in text
+
+
+def test_evidence_line_counts_and_caveat(report):
+    text = report[1]
+    ev = re.search(r'<p class="evidence" id="evidence">(.*?)</p>', text, re.S).group(1)
+    # 4 of 5 claims answered, all within ±10%, none by a GPU measurement.
+    assert "4 of 5 paper claims" in ev and "4 agree within ±10%" in ev
+    assert "not GPU performance" in ev
+
+
+def test_claims_table_is_first(report):
+    text = report[1]
+    assert text.index('id="claims-table"') < text.index('id="summary-table"') < text.index('id="figures"')
+
+
+def test_failed_oom_timeout_listed_with_reasons(report):
+    text = report[1]
+    section = text[text.index('id="failures-table"'):]
+    for run_id, reason in (("cpu-tsp-2048-failed", "gloo connectFullMesh failed on rank 3"),
+                           ("cpu-sp-4096-timeout", "killed after 600 s"),
+                           ("h100-tp-8192", "CUDA out of memory"),
+                           ("est-tp_sp2-131072", "exceeds mi300x capacity")):
+        assert run_id in section and reason in section
+
+
+def test_labels_and_cpu_caveat(report):
+    text = report[1]
+    assert "SP (token sharding / CP)" in text and "TP + Megatron-SP" in text
+    assert build.CPU_NOTE in text
+
+
+def test_figures_inline_and_no_external_urls(report):
+    text = report[1]
+    srcs = re.findall(r'\s(?:src|href)="([^"]*)"', text)
+    assert srcs, "expected figure sources and export links"
+    assert not [s for s in srcs if re.match(r"(?i)(https?:|//|ftp:)", s)]
+    assert "<link" not in text and not re.search(r"<script[^>]*\ssrc=", text)
+    imgs = re.findall(r'<img id="(fig-[a-z-]+)-img" src="data:image/svg\+xml;base64,', text)
+    # The full fixture has data for every figure.
+    assert set(imgs) == {fid for fid, _, _ in FIGURES}
+
+
+def test_provenance_collapsible(report):
+    text = report[1]
+    block = text[text.index('<details id="provenance-details">'):]
+    assert "0123456789ab" in block and "torch 2.13.0" in block and "Resolved config" in block
+
+
+def test_markdown_export(report):
+    md = report[0].with_suffix(".md").read_text().splitlines()
+    assert md[0].startswith("| claim | paper | ours | deviation |") and md[1].startswith("|---")
+    assert len(md) == 2 + len(report[2])
+    assert any("TSP peak memory, 128K, D=8" in line and "-0.4%" in line for line in md)
+
+
+def test_missing_data_gives_notes_not_errors(tmp_path):
+    src = rf.write_minimal(tmp_path / "min.jsonl")
+    text = build_report([src], out=tmp_path / "min.html", claims=[]).read_text()
+    # Estimated memory only: throughput, step split, power, energy and prediction have no data.
+    assert text.count("no data for this figure") == 5
+    assert "No paper claims to compare" in text
+
+
+def test_empty_input(tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    text = build_report([empty], out=tmp_path / "e.html", claims=rf.CLAIMS).read_text()
+    assert text.count(build.NOT_REPRODUCED) >= len(rf.CLAIMS)
+    assert "No runs in these results" in text
+
+
+def test_default_out_and_claims_fallback(tmp_path, monkeypatch):
+    monkeypatch.setattr(build, "REPORTS_DIR", tmp_path / "reports")
+    src = rf.write_minimal(tmp_path / "min.jsonl")
+    html = build_report([src])  # claims from tspbench.claims, or [] while it does not exist
+    assert html.parent == tmp_path / "reports" and re.fullmatch(r"report-\d{8}-\d{6}\.html", html.name)
+
+
+def test_cli(tmp_path):
+    src = rf.write_minimal(tmp_path / "min.jsonl")
+    out = tmp_path / "cli.html"
+    proc = subprocess.run([sys.executable, "-m", "tspbench.report", str(src), "--out", str(out),
+                           "--title", "CLI title"], cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert out.exists() and out.with_suffix(".csv").exists() and "CLI title" in out.read_text()

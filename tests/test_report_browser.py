@@ -1,0 +1,100 @@
+"""The report in a real browser: headless Chromium renders it offline, screenshots it at 1280 px and
+dumps the DOM after load. The template's inline self-check script has by then written into <body>
+data-* attributes: JS/resource errors, figures that failed to render, and the page's scroll width.
+
+Skips when no Chromium is installed (CI installs Debian's `chromium`).
+"""
+from __future__ import annotations
+
+import re
+import shutil
+import struct
+import subprocess
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+import report_fixtures as rf
+from tspbench.report import build_report
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no chromium binary on PATH")
+WIDTH = 1280
+
+
+def chromium(url: str, tmp: Path, *args: str) -> subprocess.CompletedProcess:
+    """One headless run, offline-leaning flags, its own profile; console messages go to stderr."""
+    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+           "--disable-background-networking", "--disable-component-update", "--disable-sync",
+           "--hide-scrollbars", "--force-device-scale-factor=1", "--enable-logging=stderr", "--v=0",
+           f"--user-data-dir={tmp / 'profile'}", f"--window-size={WIDTH},2000", *args, url]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+
+
+class BodyAttrs(HTMLParser):
+    """The <body> attributes and whether the claims table is in the dumped DOM."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body: dict[str, str] = {}
+        self.ids: set[str] = set()
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "body":
+            self.body = {k: v or "" for k, v in a.items()}
+        if a.get("id"):
+            self.ids.add(a["id"])
+
+
+def render(html: Path, tmp: Path) -> tuple[BodyAttrs, list[str]]:
+    proc = chromium(html.as_uri(), tmp, "--dump-dom")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    parsed = BodyAttrs()
+    parsed.feed(proc.stdout)
+    console = [line for line in proc.stderr.splitlines() if ":CONSOLE" in line]
+    return parsed, console
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("browser")
+    src = rf.write_records(tmp / "run.jsonl")
+    return build_report([src], out=tmp / "report.html", claims=rf.CLAIMS)
+
+
+def test_screenshot_at_1280(report, tmp_path):
+    png = tmp_path / "report.png"
+    proc = chromium(report.as_uri(), tmp_path, f"--screenshot={png}")
+    assert proc.returncode == 0 and png.exists(), proc.stderr[-2000:]
+    head = png.read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = struct.unpack(">II", head[16:24])  # IHDR
+    assert width == WIDTH and height > 0
+
+
+def test_renders_clean(report, tmp_path):
+    dom, console = render(report, tmp_path)
+    b = dom.body
+    assert b.get("data-checked") == "1", "self-check script did not run"
+    assert console == [], console  # the page logs nothing, so any console line is a problem
+    assert b["data-errors"] == "0"
+    n_figs = len(re.findall(r"<figure[^>]*>\s*<strong>[^<]*</strong>\s*<img", report.read_text()))
+    assert int(b["data-figures"]) == n_figs > 0
+    assert b["data-figures-ok"] == "true", f"figures not rendered: {b['data-figures-bad']}"
+    assert int(b["data-scroll-width"]) <= WIDTH, "page overflows horizontally at 1280 px"
+    assert {"claims-table", "evidence", "summary-table", "failures-table"} <= dom.ids
+
+
+def test_self_check_catches_breakage(report, tmp_path):
+    """Non-vacuity: a broken figure and a throwing script must be reported by the same check."""
+    broken = tmp_path / "broken.html"
+    text = report.read_text().replace(
+        "</main>", '<figure id="bad"><img id="bad-img" src="data:image/png;base64,AAAA"></figure>'
+                   "<script>throw new Error('boom')</script></main>")
+    broken.write_text(text)
+    dom, console = render(broken, tmp_path)
+    assert dom.body["data-figures-ok"] == "false" and "bad-img" in dom.body["data-figures-bad"]
+    assert int(dom.body["data-errors"]) >= 2
+    assert any("boom" in line for line in console)

@@ -1,0 +1,72 @@
+"""Deliberately broken variants, for proving that the parity and accounting checks can fail.
+
+Each entry is a context manager that patches one plausible bug into the real code path (nothing in the
+schemes knows about these: no flags). Used by tests through `verify.run_case(..., breakage=NAME)`.
+"""
+from __future__ import annotations
+
+import contextlib
+from unittest import mock
+
+import torch
+
+
+@contextlib.contextmanager
+def missing_allreduce():
+    """TP's g (all-reduce after the row-parallel GEMM) forgotten: each rank keeps its partial sum."""
+    from tspbench.schemes import comm
+    with mock.patch.object(comm._ReduceFromRegion, "forward", staticmethod(lambda ctx, x, c: x.clone())):
+        yield
+
+
+@contextlib.contextmanager
+def wrong_zigzag_order():
+    """Gathered K/V left in rank order instead of being put back in logical (un-zigzagged) order."""
+    from tspbench.schemes.layout import SeqLayout
+    with mock.patch.object(SeqLayout, "unshard", lambda self, g, dim=1: g):
+        yield
+
+
+@contextlib.contextmanager
+def skipped_ring_hop():
+    """Every TSP weight-ring hop is dropped: each rank applies the shard it already had again."""
+    from tspbench.schemes.comm import Comm
+    real = Comm.start_shift
+
+    def start_shift(self, send, recv, offset=1, tag=0):
+        reqs = real(self, send, recv, offset, tag)
+        for q in reqs:
+            q.wait()
+        if tag == 1:  # tsp.WEIGHT_TAG
+            recv.copy_(send)  # pretend the hop never happened
+        return []
+    with mock.patch.object(Comm, "start_shift", start_shift):
+        yield
+
+
+@contextlib.contextmanager
+def missing_grad_sync():
+    """Partial gradients of token-sharded replicated weights never summed over the group."""
+    from tspbench.schemes.base import ParallelModel
+    with mock.patch.object(ParallelModel, "finish_grad_sync", lambda self: None):
+        yield
+
+
+@contextlib.contextmanager
+def no_reduce_to_owner():
+    """TSP attention: each rank keeps its own partial weight gradient instead of reducing it to the owner."""
+    from tspbench.schemes import comm
+
+    def backward(ctx, g):
+        return (g if ctx.comm.rank == ctx.src else torch.zeros_like(g)), None, None
+    with mock.patch.object(comm._BroadcastFromOwner, "backward", staticmethod(backward)):
+        yield
+
+
+BREAKAGES = {
+    "missing_allreduce": missing_allreduce,
+    "wrong_zigzag_order": wrong_zigzag_order,
+    "skipped_ring_hop": skipped_ring_hop,
+    "missing_grad_sync": missing_grad_sync,
+    "no_reduce_to_owner": no_reduce_to_owner,
+}
