@@ -1,0 +1,38 @@
+"""Published TSP numbers (conf/claims.yaml; tsp-method.md §6.3–§6.4) as plain dicts.
+
+Every claim carries an id, value, unit, scheme, layout (degree, tp, sp; null when unknown), seq_len,
+n_gpus, hardware, source, label and note. `tspbench.paper` puts model predictions beside them.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+CLAIMS_FILE = Path(__file__).resolve().parents[1] / "conf" / "claims.yaml"
+REQUIRED_KEYS = ("id", "kind", "value", "unit", "scheme", "degree", "tp", "sp", "seq_len", "n_gpus",
+                 "hardware", "source", "label", "note")
+
+
+def load_claims(path: str | Path | None = None) -> list[dict]:
+    """All claims, in file order; raises ValueError if a claim lacks a field or an id repeats."""
+    path = Path(path or CLAIMS_FILE)
+    claims = yaml.safe_load(path.read_text())["claims"]
+    seen: set[str] = set()
+    for c in claims:
+        missing = [k for k in REQUIRED_KEYS if k not in c]
+        if missing:
+            raise ValueError(f"{path}: claim {c.get('id')!r} lacks {missing}")
+        if c["id"] in seen:
+            raise ValueError(f"{path}: claim id {c['id']!r} repeats")
+        seen.add(c["id"])
+        c["value"] = float(c["value"])
+    return claims
+
+
+def claim(claim_id: str, path: str | Path | None = None) -> dict:
+    """One claim by id."""
+    for c in load_claims(path):
+        if c["id"] == claim_id:
+            return c
+    raise KeyError(f"no claim with id {claim_id!r}")

@@ -1,0 +1,219 @@
+"""Time model: hardware profiles, α–β collectives and a roofline step time.
+
+Collectives follow Thakur, Rabenseifner & Gropp (IJHPCA 2005), anchors.md §4.3; p ranks, n bytes (the
+full, gathered/reduced tensor), link bandwidth β⁻¹ = bw·comm_efficiency and per-step latency α:
+
+    ring all-gather / reduce-scatter   (p−1)·α + (p−1)/p · n/bw
+    ring all-reduce                    2(p−1)·α + 2(p−1)/p · n/bw
+    broadcast / reduce (pipelined)     (p−1)·α + n/bw
+    point-to-point                     α + n/bw_p2p
+
+A collective uses the intra-node link when its group spans ≤ gpus_per_node consecutive ranks, else the
+inter-node NIC. The TP axis of tp_sp is the inner (consecutive) axis, so its span is T; the Σ axis spans T·Σ.
+Compute is a roofline: FLOPs / (peak · matmul_efficiency). Efficiencies are stated assumptions, not fits.
+Overlap "none" adds compute and communication; "ideal" takes their maximum.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+import yaml
+
+from tspbench.config import ModelConfig, ParallelConfig
+from tspbench.costmodel import (BYTES, flops_per_token, grad_sync_group, layer_weight_params, layout,
+                                params_per_device, state_bytes_per_param)
+
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf" / "hardware"
+
+
+@dataclass
+class HardwareProfile:
+    """One accelerator and its node (fields are the keys of conf/hardware/<name>.yaml)."""
+
+    name: str = "generic"
+    peak_flops_bf16: float = 1e15
+    """Dense bf16 matrix peak, FLOP/s."""
+    peak_flops_fp32: float = 1e14
+    """fp32 peak, FLOP/s."""
+    mem_bytes: float = 80e9
+    """Device memory capacity, bytes (decimal)."""
+    mem_bw: float = 3e12
+    """Device memory bandwidth, bytes/s."""
+    intra_node_bw: float = 450e9
+    """Per-GPU unidirectional bandwidth into the intra-node fabric, bytes/s (used by collectives)."""
+    intra_node_latency_s: float = 5e-6
+    """Per-step latency α inside a node (assumption; see the yaml)."""
+    inter_node_bw: float = 50e9
+    """Per-GPU unidirectional NIC bandwidth, bytes/s."""
+    inter_node_latency_s: float = 10e-6
+    """Per-step latency α across nodes (assumption; see the yaml)."""
+    gpus_per_node: int = 8
+    matmul_efficiency: float = 0.5
+    """Fraction of peak reached by the GEMMs: an assumption, not fitted to any measurement."""
+    comm_efficiency: float = 0.65
+    """Fraction of link bandwidth reached by collectives (Calculon's A100 profile uses 0.65)."""
+    intra_node_p2p_bw: float | None = None
+    """Bandwidth of one point-to-point transfer between two GPUs of a node; None = intra_node_bw (switched
+    fabrics such as NVSwitch). On a fully connected mesh (MI300X) a single peer link carries it."""
+    sources: list[str] = field(default_factory=list)
+    """Where every number comes from."""
+
+    def peak_flops(self, dtype: str) -> float:
+        return self.peak_flops_fp32 if BYTES[dtype] >= 4 else self.peak_flops_bf16
+
+    def link(self, span: int, p2p: bool = False) -> tuple[float, float]:
+        """(effective bytes/s, α seconds) for a group spanning `span` consecutive ranks."""
+        if span <= self.gpus_per_node:
+            bw = (self.intra_node_p2p_bw or self.intra_node_bw) if p2p else self.intra_node_bw
+            return bw * self.comm_efficiency, self.intra_node_latency_s
+        return self.inter_node_bw * self.comm_efficiency, self.inter_node_latency_s
+
+
+def load_hardware(name: str, conf_dir: str | Path | None = None) -> HardwareProfile:
+    """Read conf/hardware/<name>.yaml (a Hydra `hardware` group file) into a HardwareProfile."""
+    path = Path(conf_dir or CONF_DIR) / f"{name}.yaml"
+    if not path.exists():
+        known = sorted(p.stem for p in Path(conf_dir or CONF_DIR).glob("*.yaml"))
+        raise ValueError(f"hardware={name!r} has no {path}; known profiles: {', '.join(known)}")
+    data = yaml.safe_load(path.read_text())
+    allowed = {f.name for f in fields(HardwareProfile)}
+    unknown = set(data) - allowed
+    if unknown:
+        raise ValueError(f"{path}: unknown keys {sorted(unknown)}; allowed: {sorted(allowed)}")
+    for key in ("peak_flops_bf16", "peak_flops_fp32", "mem_bytes", "mem_bw", "intra_node_bw", "inter_node_bw",
+                "intra_node_latency_s", "inter_node_latency_s", "matmul_efficiency", "comm_efficiency"):
+        data[key] = float(data[key])           # YAML 1.1 reads "1e12" (no sign, no dot) as a string
+    return HardwareProfile(**data)
+
+
+# ---------------------------------------------------------------------------------------------- α–β
+def collective_time_s(op: str, p: int, n_bytes: float, bw: float, alpha_s: float) -> float:
+    """α–β time of one collective over p ranks moving a tensor of n_bytes (module docstring)."""
+    if p <= 1 or n_bytes == 0:
+        return 0.0
+    if op in ("allgather", "reduce_scatter", "alltoall"):
+        return (p - 1) * alpha_s + (p - 1) / p * n_bytes / bw
+    if op == "allreduce":
+        return 2 * (p - 1) * alpha_s + 2 * (p - 1) / p * n_bytes / bw
+    if op in ("broadcast", "reduce"):
+        return (p - 1) * alpha_s + n_bytes / bw
+    if op == "p2p":
+        return alpha_s + n_bytes / bw
+    raise ValueError(f"op={op!r} is unknown")
+
+
+def received_elems(op: str, p: int, n: float) -> float:
+    """Elements one rank receives (on average over ranks) in one collective of an n-element tensor."""
+    if p <= 1:
+        return 0.0
+    factor = {"allgather": (p - 1) / p, "reduce_scatter": (p - 1) / p, "allreduce": 2 * (p - 1) / p,
+              "broadcast": (p - 1) / p, "reduce": (p - 1) / p, "p2p": 1.0}[op]
+    return factor * n
+
+
+def layer_collectives(model: ModelConfig, par: ParallelConfig, seq_len: int, batch: int, *,
+                      mode: str = "forward", regather_kv: bool = False) -> list[tuple[str, int, float, int, int]]:
+    """The collectives of one layer: (op, group size p, tensor elements n, span in ranks, count).
+
+    Forward as in tsp-method.md §3 / §5; backward mirrors comm_per_layer (same received volume).
+    """
+    lay, h, g, n = layout(par), model.dim, model.gqa_ratio, batch * seq_len
+    s, t, sig = par.scheme, lay.tp, lay.sp
+    fwd: list[tuple[str, int, float, int, int]] = []
+    bwd: list[tuple[str, int, float, int, int]] = []
+    if s == "tp":
+        fwd += [("allreduce", t, n * h, t, 2)]
+        bwd += fwd
+    elif s == "tp_msp":
+        fwd += [("allgather", t, n * h, t, 2), ("reduce_scatter", t, n * h, t, 2)]
+        bwd += fwd
+    elif s in ("sp", "tp_sp"):
+        kv = ("allgather", sig, 2 * n * h / (g * t), t * sig, 1)          # K and V packed
+        if t > 1:
+            fwd += [("allreduce", t, n / sig * h, t, 2)]
+        fwd += [kv]
+        bwd += [c for c in fwd if c[0] == "allreduce"] + [("reduce_scatter",) + kv[1:]]
+        bwd += [kv] if regather_kv else []
+    elif s == "tsp":
+        d = par.degree
+        attn_shard = layer_weight_params(model) - 3 * model.ffn_hidden * h
+        kv = ("allgather", d, 2 * n * (h / g) / d, d, d)                  # one owner's heads, whole sequence
+        fwd += [("broadcast", d, attn_shard / d, d, d), ("p2p", 2, 3 * model.ffn_hidden * h / d, d, d - 1), kv]
+        bwd += [("broadcast", d, attn_shard / d, d, d), ("p2p", 2, 3 * model.ffn_hidden * h / d, d, d - 1),
+                ("reduce", d, attn_shard / d, d, d), ("p2p", 2, 3 * model.ffn_hidden * h / d, d, d - 1),
+                ("reduce_scatter",) + kv[1:]]
+        bwd += [kv] if regather_kv else []
+    if mode == "forward":
+        return fwd
+    if par.recompute == "full":
+        bwd = bwd + fwd
+    return fwd + bwd
+
+
+def _collectives_time_s(colls, hw: HardwareProfile, elem_bytes: int) -> float:
+    total = 0.0
+    for op, p, n, span, count in colls:
+        bw, alpha = hw.link(span, p2p=(op == "p2p"))
+        total += count * collective_time_s(op, p, n * elem_bytes, bw, alpha)
+    return total
+
+
+# ---------------------------------------------------------------------------------------------- step
+def step_time(model: ModelConfig, par: ParallelConfig, seq_len: int, batch: int, hw: HardwareProfile, *,
+              mode: str = "forward", overlap: str = "none", layers: int | None = None,
+              dtype: str = "bfloat16", causal_halved: bool = True, regather_kv: bool = False) -> dict:
+    """One replica's step on one device: compute, communication, and the step under the overlap rule.
+
+    Compute: the replica's FLOPs (HFU, i.e. with recompute when par.recompute == "full") split evenly over
+    its ranks, except the replicated LM head, which each rank runs on its own B·S/loss_div tokens.
+    Communication: per-layer collectives × layers, plus (train) the in-group gradient all-reduce.
+    `layers=None` is the full model (with LM head); `layers=k` a k-block benchmark (no embedding/LM head).
+    """
+    if overlap not in ("none", "ideal"):
+        raise ValueError(f"overlap={overlap!r} is unknown; allowed: none, ideal")
+    lay, b = layout(par), BYTES[dtype]
+    n_layers = model.n_layers if layers is None else layers
+    recompute = mode == "train" and par.recompute == "full"
+    body = flops_per_token(model, seq_len, causal_halved, recompute, mode, layers=n_layers,
+                           include_lm_head=False)
+    flops = batch * seq_len * body / par.degree
+    if layers is None:                                   # LM head: 2·V·h per token, ×3 (×4) in training
+        mult = 1 if mode == "forward" else (4 if recompute else 3)
+        flops += batch * seq_len / lay.loss_div * 2 * model.vocab_size * model.dim * mult
+    compute_s = flops / (hw.peak_flops(dtype) * hw.matmul_efficiency)
+
+    colls = layer_collectives(model, par, seq_len, batch, mode=mode, regather_kv=regather_kv)
+    comm_s = n_layers * _collectives_time_s(colls, hw, b)
+    if mode == "train":
+        n_sync, p = grad_sync_group(model, par, layers)      # the Σ axis of tp_sp spans the whole replica
+        comm_s += _collectives_time_s([("allreduce", p, n_sync, par.degree, 1)], hw, b)
+    step_s = compute_s + comm_s if overlap == "none" else max(compute_s, comm_s)
+    return {"compute_s": compute_s, "comm_s": comm_s, "step_s": step_s, "exposed_comm_s": step_s - compute_s,
+            "flops_per_device": flops}
+
+
+def cluster_throughput(model: ModelConfig, par: ParallelConfig, seq_len: int, batch: int,
+                       hw: HardwareProfile, n_gpus: int, *, mode: str = "forward", overlap: str = "none",
+                       layers: int | None = None, dtype: str = "bfloat16", causal_halved: bool = True) -> dict:
+    """Tokens/s of n_gpus // degree data-parallel replicas, each running `step_time`.
+
+    Training adds the DP gradient all-reduce of each device's gradients (ring over the replicas, on the
+    inter-node NIC once the cluster spans nodes) to the communication; a forward pass has none.
+    """
+    dp = n_gpus // par.degree
+    if dp < 1:
+        raise ValueError(f"n_gpus={n_gpus} is smaller than the group size degree={par.degree}")
+    st = step_time(model, par, seq_len, batch, hw, mode=mode, overlap="none", layers=layers, dtype=dtype,
+                   causal_halved=causal_halved)
+    dp_allreduce_s = 0.0
+    if mode == "train" and dp > 1:
+        grad_bytes = params_per_device(model, par, layers) * state_bytes_per_param(dtype)["grads"]
+        bw, alpha = hw.link(dp * par.degree)
+        dp_allreduce_s = collective_time_s("allreduce", dp, grad_bytes, bw, alpha)
+    comm_s = st["comm_s"] + dp_allreduce_s
+    step_s = st["compute_s"] + comm_s if overlap == "none" else max(st["compute_s"], comm_s)
+    tokens_per_s = dp * batch * seq_len / step_s
+    return {"tokens_per_s": tokens_per_s, "tokens_per_s_per_device": tokens_per_s / (dp * par.degree),
+            "dp_replicas": dp, "step_s": step_s, "dp_allreduce_s": dp_allreduce_s,
+            "compute_s": st["compute_s"], "comm_s": comm_s}

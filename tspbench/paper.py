@@ -1,0 +1,237 @@
+"""The paper's scale without GPUs: cost-model predictions beside the published numbers.
+
+Uses only `tspbench.costmodel` (closed-form formulas, no torch.distributed) and `conf/claims.yaml`.
+
+Reference model `LLAMA7B` (tsp-method.md §6.1): h = 4096, L = 32, 32 query and 32 KV heads (MHA), gated MLP
+with ffn = 4h = 16384, 8.59B non-embedding parameters. The paper's vocabulary is not stated; we use
+Llama-2's V = 32000 with an untied LM head (both replicated on every rank, as in tspbench's code).
+
+Memory setting. One setting for every scheme, chosen by `memory_setting_scan()` among honest discrete
+options (k = 16 or 18 bytes/param, recompute none or full, GB or GiB) and never by adding terms:
+    AdamW, bf16 weights and grads, fp32 master + m + v (k = 16), full activation recompute, micro-batch 1,
+    published figures read as decimal GB.
+Recompute "none" is ruled out by the data (TSP at 128K would need ~133 GB, TP ~269 GB, against 38.8 and
+70.0). The four full-recompute variants (k = 16/18 × GB/GiB) land within 13–14% mean |deviation| of each
+other, which does not discriminate between them, so we keep the a-priori choice: k = 16 (tsp-method.md §4;
+bf16 grads) and GB, the unit the claims are quoted in. Under it the 85.0 GB figure is closest to TP×SP
+T=2×Σ=4 and 140.0 GB to pure SP (T=1×Σ=8), as tsp-method.md §4 guessed; TSP's two cells stay ~8.5–9 GB
+low at both lengths (the 16K→128K growth matches), which no honest setting removes.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import asdict, dataclass, replace
+
+import pandas as pd
+
+from tspbench.claims import load_claims
+from tspbench.config import ModelConfig, ParallelConfig
+from tspbench.costmodel import (cluster_throughput, comm_per_layer, crossover_tokens, flops_per_token,
+                                load_hardware, memory_breakdown, non_embedding_params)
+
+LLAMA7B = ModelConfig(name="llama7b", vocab_size=32000, dim=4096, n_layers=32, n_heads=32, n_kv_heads=32,
+                      ffn_hidden=16384)
+SEQ_16K, SEQ_128K = 16384, 131072
+N_GPUS = 1024
+DEGREE = 8
+UNIT_BYTES = {"GB": 1e9, "GiB": 2**30}
+
+
+@dataclass(frozen=True)
+class MemorySetting:
+    """The one training setting used for every scheme in the memory table."""
+
+    optimizer: str = "adamw"
+    dtype: str = "bfloat16"
+    grad_dtype: str | None = None        # None = dtype (bf16 grads, k = 16); "float32" gives k = 18
+    master_fp32: bool = True
+    recompute: str = "full"
+    batch: int = 1
+    unit: str = "GB"                     # how the published figures are read: decimal GB or GiB
+
+    @property
+    def bytes_per_param(self) -> int:
+        return 2 + (4 if self.grad_dtype == "float32" else 2) + 8 + (4 if self.master_fp32 else 0)
+
+
+PAPER_MEMORY_SETTING = MemorySetting()
+
+
+def layouts(degree: int = DEGREE) -> list[tuple[str, ParallelConfig]]:
+    """TSP (D), TP (T), and every TP×SP factorisation T·Σ = degree (T = 1 is pure SP, T = degree is TP)."""
+    out = [(f"TSP D={degree}", ParallelConfig(scheme="tsp", degree=degree)),
+           (f"TP T={degree}", ParallelConfig(scheme="tp", degree=degree))]
+    for t in (t for t in range(1, degree + 1) if degree % t == 0):
+        out.append((f"TP×SP T={t}×Σ={degree // t}", ParallelConfig(scheme="tp_sp", degree=degree, tp=t)))
+    return out
+
+
+def _memory_rows(setting: MemorySetting, hw_name: str = "mi300x") -> pd.DataFrame:
+    unit, hw = UNIT_BYTES[setting.unit], load_hardware(hw_name)
+    rows = []
+    for seq_len, (name, par) in itertools.product((SEQ_16K, SEQ_128K), layouts()):
+        par = replace(par, recompute=setting.recompute)
+        mem = memory_breakdown(LLAMA7B, par, seq_len, setting.batch, mode="train", dtype=setting.dtype,
+                               optimizer=setting.optimizer, master_fp32=setting.master_fp32,
+                               grad_dtype=setting.grad_dtype)
+        row = {"seq_len": seq_len, "layout": name, "scheme": par.scheme, "tp": par.tp_degree,
+               "sp": par.sp_degree}
+        row.update({f"{k}_{setting.unit.lower()}": v / unit for k, v in mem.items() if k != "total"})
+        row["predicted"] = mem["total"] / unit
+        row["fits_device"] = mem["total"] <= hw.mem_bytes
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _attach_claims(df: pd.DataFrame) -> pd.DataFrame:
+    """Put each memory claim beside its row; the two unknown TP+SP layouts go to the closest prediction."""
+    df = df.assign(claim_id=None, claim=float("nan"), note="")
+    claims = [c for c in load_claims() if c["kind"] == "memory"]
+    for c in claims:
+        if c["tp"] is None and c["scheme"] == "tp_sp":
+            continue
+        mask = (df.seq_len == c["seq_len"]) & (df.layout.str.startswith("TSP" if c["scheme"] == "tsp" else "TP T="))
+        df.loc[mask, ["claim_id", "claim"]] = [c["id"], c["value"]]
+    # A3: the layouts behind 85.0 and 140.0 GB are unknown. Candidates: T·Σ = 8 with Σ > 1. Assign the two
+    # claims to distinct layouts minimising the summed |relative deviation| (a nearest-prediction match).
+    open_claims = [c for c in claims if c["tp"] is None and c["scheme"] == "tp_sp"]
+    cand = df[(df.seq_len == SEQ_128K) & (df.scheme == "tp_sp") & (df.sp > 1)]
+    best = min(itertools.permutations(cand.index, len(open_claims)),
+               key=lambda idx: sum(abs(df.predicted[i] / c["value"] - 1) for i, c in zip(idx, open_claims)))
+    for i, c in zip(best, open_claims):
+        df.loc[i, ["claim_id", "claim"]] = [c["id"], c["value"]]
+        df.loc[i, "note"] = "layout not published (A3); assigned to the closest predicted T·Σ = 8 layout. "
+    df["deviation_pct"] = 100 * (df.predicted / df.claim - 1)
+    df["within_10pct"] = df.deviation_pct.abs() <= 10
+    return df
+
+
+def _explain(row: pd.Series, df: pd.DataFrame) -> str:
+    """Why a claimed cell misses ±10%, from the model's own terms (no fitted correction)."""
+    if pd.isna(row.claim) or row.within_10pct:
+        return ""
+    if row.scheme == "tsp":
+        other = df[(df.scheme == "tsp") & (df.seq_len != row.seq_len) & df.claim.notna()].iloc[0]
+        return (f"TSP is low by a near-constant {row.claim - row.predicted:.1f} vs "
+                f"{other.claim - other.predicted:.1f} at the other length, while the 16K→128K growth matches; "
+                "the published TSP figure holds a fixed term this model lacks (allocator reserve, RCCL/workspace "
+                "buffers, cached weight shards or full-size weight-grad buffers in backward; A7, A15). ")
+    if row.scheme == "tp" and row.seq_len == SEQ_16K:
+        keys = [k for k in row.index if k.split("_")[0] in ("params", "grads", "optimizer")]
+        unit = "GiB" if keys[0].endswith("gib") else "GB"
+        return (f"At 16K the fixed terms dominate (model state {sum(row[k] for k in keys):.1f} {unit} incl. the replicated embedding + "
+                "LM head); an unmodelled allocator/workspace reserve like TSP's would close the gap. ")
+    return "Outside ±10% under the single shared setting. "
+
+
+def paper_memory_table(setting: MemorySetting = PAPER_MEMORY_SETTING, hw: str = "mi300x") -> pd.DataFrame:
+    """Predicted peak memory per device (llama7b, one node of 8 MI300X) beside every §6.3 claim.
+
+    Rows: 16K and 128K × (TSP D=8, TP T=8, TP×SP T×Σ = 1×8 (pure SP), 2×4, 4×2, 8×1). Columns: the
+    breakdown in the setting's unit, `predicted`, `claim`, `deviation_pct`, `within_10pct`, `note`.
+    """
+    df = _attach_claims(_memory_rows(setting, hw))
+    df["note"] = df.note + df.apply(lambda r: _explain(r, df), axis=1)
+    df.loc[(df.scheme == "tp_sp") & (df.tp == DEGREE), "note"] += f"Identical to TP T={DEGREE} (Σ = 1). "
+    df.loc[(df.scheme == "tp_sp") & (df.tp == 1), "note"] += f"Pure SP (token sharding / CP, Σ = {DEGREE}). "
+    df.attrs["setting"] = asdict(setting)
+    return df
+
+
+def memory_setting_scan() -> pd.DataFrame:
+    """Deviation from every memory claim under each honest setting (k 16/18 × recompute × GB/GiB)."""
+    rows = []
+    for grad, recompute, unit in itertools.product((None, "float32"), ("none", "full"), ("GB", "GiB")):
+        s = MemorySetting(grad_dtype=grad, recompute=recompute, unit=unit)
+        df = _attach_claims(_memory_rows(s)).dropna(subset=["claim"])
+        row = {"bytes_per_param": s.bytes_per_param, "recompute": recompute, "unit": unit,
+               "chosen": s == PAPER_MEMORY_SETTING,
+               "mean_abs_dev_pct": df.deviation_pct.abs().mean(), "n_within_10pct": int(df.within_10pct.sum())}
+        row.update({f"dev_{r.claim_id}": r.deviation_pct for r in df.itertuples()})
+        row.update({f"layout_{r.claim_id}": r.layout for r in df.itertuples() if "tpsp" in r.claim_id})
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+# ---------------------------------------------------------------------------------------------- throughput
+def paper_throughput_table(hw: str = "mi300x", n_gpus: int = N_GPUS, seq_len: int = SEQ_128K,
+                           degree: int = DEGREE, batch: int = 1) -> pd.DataFrame:
+    """Predicted forward tokens/s on n_gpus at 128K: TSP D=8 vs every TP×SP layout, full model and one layer.
+
+    Adds the "matched per-GPU sharding" reading of the baseline (T = Σ = degree, degree² GPUs per replica;
+    tsp-method.md §6.4 reconciliation b). `tsp_speedup` = TSP tokens/s ÷ the row's, to set beside 2.0× and 2.6×.
+    """
+    profile = load_hardware(hw)
+    cfgs = [(n, p) for n, p in layouts(degree) if not n.startswith("TP T=")]
+    cfgs.append((f"TP×SP T={degree}×Σ={degree} (matched sharding)",
+                 ParallelConfig(scheme="tp_sp", degree=degree * degree, tp=degree)))
+    claims = {c["id"]: c["value"] for c in load_claims()}
+    rows = []
+    for layers, overlap in itertools.product((None, 1), ("none", "ideal")):
+        for name, par in cfgs:
+            r = cluster_throughput(LLAMA7B, par, seq_len, batch, profile, n_gpus, mode="forward",
+                                   overlap=overlap, layers=layers)
+            rows.append({"layers": LLAMA7B.n_layers if layers is None else layers, "overlap": overlap,
+                         "layout": name, "scheme": par.scheme, "tp": par.tp_degree, "sp": par.sp_degree,
+                         "gpus_per_replica": par.degree, **r})
+    df = pd.DataFrame(rows)
+    tsp = df[df.scheme == "tsp"].set_index(["layers", "overlap"]).tokens_per_s
+    df["tsp_speedup"] = [tsp[(r.layers, r.overlap)] / r.tokens_per_s for r in df.itertuples()]
+    df["claim_tsp_tokens_per_s"] = claims["tput_1024_tsp"]
+    df["claim_ratio_blog"] = claims["ratio_blog"]
+    df["claim_ratio_press"] = claims["ratio_press"]
+    return df
+
+
+def plausibility_173m(hw: str = "mi300x", tokens_per_s: float | None = None, n_gpus: int = N_GPUS,
+                      seq_len: int = SEQ_128K) -> dict:
+    """PFLOP/s per GPU that 173M tok/s on 1,024 GPUs would need (tsp-method.md §6.5), full model vs one layer."""
+    profile = load_hardware(hw)
+    tokens_per_s = tokens_per_s or next(c["value"] for c in load_claims() if c["id"] == "tput_1024_tsp")
+    per_gpu = tokens_per_s / n_gpus
+    peak = profile.peak_flops_bf16
+    f = {"full_linear_only": 2 * non_embedding_params(LLAMA7B),
+         "full_causal_halved": flops_per_token(LLAMA7B, seq_len, True, mode="forward"),
+         "full_not_halved": flops_per_token(LLAMA7B, seq_len, False, mode="forward"),
+         "layer_causal_halved": flops_per_token(LLAMA7B, seq_len, True, mode="forward", layers=1),
+         "layer_not_halved": flops_per_token(LLAMA7B, seq_len, False, mode="forward", layers=1)}
+    out = {"tokens_per_s": tokens_per_s, "n_gpus": n_gpus, "tokens_per_s_per_gpu": per_gpu,
+           "peak_pflops_bf16": peak / 1e15}
+    for k, v in f.items():
+        out[f"gflop_per_token_{k}"] = v / 1e9
+        out[f"required_pflops_per_gpu_{k}"] = per_gpu * v / 1e15
+        out[f"fraction_of_peak_{k}"] = per_gpu * v / peak
+    out["full_forward_plausible"] = out["fraction_of_peak_full_linear_only"] <= 1.0
+    return out
+
+
+def crossover_table(seq_lens=(4096, 8192, 16384, 32768, 65536, 131072), batch: int = 1,
+                    degree: int = DEGREE, model: ModelConfig = LLAMA7B) -> pd.DataFrame:
+    """Forward communication per layer per device (GB, bf16): TSP vs TP (and TP×SP) against sequence length."""
+    rows = []
+    for s in seq_lens:
+        tsp = comm_per_layer(model, ParallelConfig(scheme="tsp", degree=degree), s, batch)
+        tp = comm_per_layer(model, ParallelConfig(scheme="tp", degree=degree), s, batch)
+        row = {"seq_len": s, "tokens": batch * s, "tsp_weights_gb": tsp["fwd"]["weights"] * 2 / 1e9,
+               "tsp_kv_gb": tsp["fwd"]["kv"] * 2 / 1e9, "tsp_gb": tsp["fwd_total"] * 2 / 1e9,
+               "tp_gb": tp["fwd_total"] * 2 / 1e9}
+        for t in (t for t in range(2, degree) if degree % t == 0):
+            c = comm_per_layer(model, ParallelConfig(scheme="tp_sp", degree=degree, tp=t), s, batch)
+            row[f"tp_sp_T{t}_gb"] = c["fwd_total"] * 2 / 1e9
+        row["tsp_le_tp"] = row["tsp_gb"] <= row["tp_gb"]
+        rows.append(row)
+    df = pd.DataFrame(rows)
+    df["crossover_tokens"] = crossover_tokens(model, degree)
+    df.attrs["crossover_tokens_train"] = crossover_tokens(model, degree, mode="train")
+    return df
+
+
+if __name__ == "__main__":
+    pd.set_option("display.width", 200, "display.max_columns", 30)
+    print(memory_setting_scan().round(1).to_string())
+    print(paper_memory_table()[["seq_len", "layout", "predicted", "claim", "deviation_pct", "note"]]
+          .round(1).to_string())
+    print(paper_throughput_table()[["layers", "overlap", "layout", "tokens_per_s", "compute_s", "comm_s",
+                                    "tsp_speedup"]].to_string())
+    print(plausibility_173m())
+    print(crossover_table().round(3).to_string())
