@@ -5,8 +5,8 @@
   * measured "H100" runs with power timelines and energy, one OOM;
   * estimated MI300X runs of the 7B reference model (memory breakdown, one predicted OOM);
   * modelled 1,024-GPU throughput; estimated tiny-model memory (for predicted vs measured);
-  * a failed run, a timeout, a superseded duplicate run_id, a record with most keys missing and a
-    torn last line.
+  * a failed run, a timeout, a superseded duplicate run_id, a record with most keys missing, one
+    with malformed fields, and a torn last line.
 Numbers are chosen so deviations from CLAIMS are known (see the tests). Communication volumes follow
 tsp-method.md §5, so the TSP/TP crossover sits at B·S = 8h.
 """
@@ -19,24 +19,20 @@ TINY = {"dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 4, "ffn_hidden": 2
 LLAMA7B = {"dim": 4096, "n_layers": 32, "n_heads": 32, "n_kv_heads": 32, "ffn_hidden": 16384,
            "vocab_size": 32000}
 
-# Claims in the shape tspbench.claims.load_claims() returns (values from tsp-method.md §6), plus one
-# claim at 256K that no fixture record answers.
+# Claims in the shape tspbench.claims.load_claims() returns (conf/claims.yaml; values from
+# tsp-method.md §6), plus one claim at 256K that no fixture record answers.
+def _claim(cid, kind, value, unit, scheme, seq_len, n_gpus, tp=None, sp=None):
+    return {"id": cid, "kind": kind, "value": value, "unit": unit, "scheme": scheme, "degree": 8,
+            "tp": tp, "sp": sp, "seq_len": seq_len, "n_gpus": n_gpus, "hardware": "mi300x",
+            "source": "tsp-method.md §6", "label": "[secondary]", "note": f"fixture {cid}"}
+
+
 CLAIMS = [
-    {"id": "mem_tsp_128k", "value": 38.8, "unit": "GB", "scheme": "tsp", "degree": 8, "tp": None,
-     "sp": None, "seq_len": 131072, "n_gpus": 8, "hardware": "mi300x", "source": "method §6.3",
-     "label": "TSP peak memory, 128K, D=8", "note": "secondary"},
-    {"id": "mem_tp_128k", "value": 70.0, "unit": "GB", "scheme": "tp", "degree": 8, "tp": 8, "sp": 1,
-     "seq_len": 131072, "n_gpus": 8, "hardware": "mi300x", "source": "method §6.3",
-     "label": "TP peak memory, 128K, T=8", "note": "secondary"},
-    {"id": "tok_tsp_1024", "value": 173e6, "unit": "tokens/s", "scheme": "tsp", "degree": 8,
-     "tp": None, "sp": None, "seq_len": 131072, "n_gpus": 1024, "hardware": "mi300x",
-     "source": "method §6.4", "label": "TSP throughput, 1,024 GPUs", "note": "mostly forward"},
-    {"id": "speedup_tsp", "value": 2.01, "unit": "x", "scheme": "tsp", "degree": 8, "tp": None,
-     "sp": None, "seq_len": 131072, "n_gpus": 1024, "hardware": "mi300x", "source": "method §6.4",
-     "label": "TSP over matched TP+SP", "note": "173M / 86M"},
-    {"id": "mem_tsp_256k", "value": 50.0, "unit": "GB", "scheme": "tsp", "degree": 8, "tp": None,
-     "sp": None, "seq_len": 262144, "n_gpus": 8, "hardware": "mi300x", "source": "synthetic",
-     "label": "TSP peak memory, 256K (no run)", "note": "test only"},
+    _claim("mem_128k_tsp", "memory", 38.8, "GB", "tsp", 131072, 8),
+    _claim("mem_128k_tp", "memory", 70.0, "GB", "tp", 131072, 8, tp=8, sp=1),
+    _claim("tput_1024_tsp", "throughput", 173e6, "tokens/s", "tsp", 131072, 1024),
+    _claim("ratio_blog", "ratio", 2.01, "x", "tsp", 131072, 1024),
+    _claim("mem_256k_tsp", "memory", 50.0, "GB", "tsp", 262144, 8),
 ]
 MEM_TSP_128K_GIB = 36.0      # -> 38.654 GB, -0.38 % vs 38.8
 MEM_TP_128K_GIB = 60.0       # -> 64.425 GB, -7.96 % vs 70.0
@@ -191,6 +187,8 @@ def write_records(path: Path) -> Path:
                    cfg=LLAMA7B, hardware="mi300x", device=None, metrics={"mem_total_gib": 99.0})
     recs.insert(0, stale)
     recs.append({"run_id": "bare-1", "scheme": "tp", "status": "ok"})  # most keys missing
+    recs.append({"run_id": "weird-1", "scheme": "tsp", "status": "ok", "method": "measured",
+                 "seq_len": "2048", "degree": "4", "metrics": [], "per_rank": None})  # malformed
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w") as f:
         for r in recs:

@@ -1,6 +1,7 @@
 """The HTML report: tables, exports and self-containment, from synthetic records (no runs, no browser)."""
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -45,7 +46,7 @@ def test_every_claim_has_a_row(report):
 
 def test_memory_deviation_uses_gib_to_gb_and_latest_duplicate(report):
     # The stale record with the same run_id (99 GiB) must lose to the later one (36 GiB).
-    row = claim_rows(report[2], "mem_tsp_128k").iloc[0]
+    row = claim_rows(report[2], "mem_128k_tsp").iloc[0]
     ours = rf.MEM_TSP_128K_GIB * 1.073741824
     assert row["ours"] == pytest.approx(ours)
     assert row["deviation_pct"] == pytest.approx((ours - 38.8) / 38.8 * 100)
@@ -55,19 +56,19 @@ def test_memory_deviation_uses_gib_to_gb_and_latest_duplicate(report):
 
 def test_throughput_and_speedup_claims(report):
     csv = report[2]
-    tok = claim_rows(csv, "tok_tsp_1024").iloc[0]
+    tok = claim_rows(csv, "tput_1024_tsp").iloc[0]
     assert tok["ours"] == pytest.approx(rf.TOK_TSP_1024)
     assert tok["deviation_pct"] == pytest.approx((160e6 - 173e6) / 173e6 * 100)
     assert tok["method"] == "modelled"
-    # The speed-up is over the strongest TP×SP layout at the same GPU count (80M, T=4·Σ=2).
-    sp = claim_rows(csv, "speedup_tsp").iloc[0]
-    assert sp["ours"] == pytest.approx(rf.TOK_TSP_1024 / rf.TOK_TPSP_1024[0])
-    assert "T=4·Σ=2" in sp["basis"]
+    # The speed-up's baseline layout is not stated: one row per TP×SP layout, strongest first.
+    sp = claim_rows(csv, "ratio_blog")
+    assert list(sp["ours"]) == pytest.approx([rf.TOK_TSP_1024 / t for t in rf.TOK_TPSP_1024])
+    assert "T=4·Σ=2" in sp.iloc[0]["basis"] and "T=2·Σ=4" in sp.iloc[1]["basis"]
 
 
 def test_unmatched_claim_says_not_reproduced(report):
     _, text, csv = report
-    row = claim_rows(csv, "mem_tsp_256k").iloc[0]
+    row = claim_rows(csv, "mem_256k_tsp").iloc[0]
     assert pd.isna(row["ours"]) and row["basis"] == build.NOT_REPRODUCED
     assert build.NOT_REPRODUCED in text
 
@@ -122,7 +123,7 @@ def test_markdown_export(report):
     md = report[0].with_suffix(".md").read_text().splitlines()
     assert md[0].startswith("| claim | paper | ours | deviation |") and md[1].startswith("|---")
     assert len(md) == 2 + len(report[2])
-    assert any("TSP peak memory, 128K, D=8" in line and "-0.4%" in line for line in md)
+    assert any("TSP D=8 memory, S=128K, 8 GPUs (mi300x)" in line and "-0.4%" in line for line in md)
 
 
 def test_missing_data_gives_notes_not_errors(tmp_path):
@@ -155,3 +156,16 @@ def test_cli(tmp_path):
                            "--title", "CLI title"], cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert out.exists() and out.with_suffix(".csv").exists() and "CLI title" in out.read_text()
+
+
+def test_other_model_is_flagged_not_counted(tmp_path):
+    # A tiny model that happens to hit the paper's number exactly must not count as agreement.
+    rec = rf.record("tiny-128k", "tsp", 131072, 8, method="estimated", hardware="mi300x",
+                    device=None, metrics={"mem_total_gib": 38.8 / 1.073741824})
+    src = tmp_path / "tiny.jsonl"
+    src.write_text(json.dumps(rec) + "\n")
+    html = build_report([src], out=tmp_path / "t.html", claims=rf.CLAIMS[:1])
+    row = pd.read_csv(html.with_suffix(".csv")).iloc[0]
+    assert row["deviation_pct"] == pytest.approx(0.0, abs=1e-9)
+    assert not row["within"] and "not the paper's 4096" in row["basis"]
+    assert "0 agree within" in html.read_text()
