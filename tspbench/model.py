@@ -176,9 +176,10 @@ class Transformer(nn.Module):
 
 
 def token_loss_sum(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Sum of per-token cross-entropy (fp32). Schemes divide by the global token count themselves so a
-    token shard's loss is its exact share of the mean."""
-    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="sum")
+    """Sum of per-token cross-entropy in at least fp32 (float64 runs stay float64, so parity is not limited
+    by fp32 rounding). Schemes divide by the global token count so a shard's loss is its share of the mean."""
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="sum")
 
 
 def build_model(cfg: ModelConfig, seed: int, dtype: torch.dtype = torch.float32,

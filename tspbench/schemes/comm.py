@@ -209,6 +209,29 @@ class _BroadcastFromOwner(torch.autograd.Function):
         return (g if ctx.comm.rank == ctx.src else torch.zeros_like(g)), None, None
 
 
+class _ShiftRing(torch.autograd.Function):
+    """Ring hop forward / reverse hop backward: rank r receives `x` of rank r−offset (and sends its own to
+    r+offset); the gradient of what r received belongs to r−offset, so backward shifts by −offset."""
+
+    @staticmethod
+    def forward(ctx, x, comm: Comm, offset: int):
+        ctx.comm, ctx.offset, ctx.tag = comm, offset, comm.log.tag
+        return _shift(x, comm, offset)
+
+    @staticmethod
+    def backward(ctx, g):
+        with ctx.comm.log.scope(ctx.tag):
+            return _shift(g, ctx.comm, -ctx.offset), None, None
+
+
+def _shift(x: torch.Tensor, comm: Comm, offset: int) -> torch.Tensor:
+    x = x.contiguous()  # the send reads this buffer; both requests complete before we return
+    recv = torch.empty_like(x)
+    for req in comm.start_shift(x, recv, offset):
+        req.wait()
+    return recv
+
+
 def copy_to_region(x: torch.Tensor, comm: Comm) -> torch.Tensor:
     return _CopyToRegion.apply(x, comm)
 
@@ -227,3 +250,7 @@ def reduce_scatter_to_sequence(x: torch.Tensor, comm: Comm, dim: int) -> torch.T
 
 def broadcast_from_owner(w: torch.Tensor, comm: Comm, src: int) -> torch.Tensor:
     return _BroadcastFromOwner.apply(w, comm, src)
+
+
+def shift_ring(x: torch.Tensor, comm: Comm, offset: int = 1) -> torch.Tensor:
+    return _ShiftRing.apply(x, comm, offset)

@@ -1,0 +1,89 @@
+"""SP — the TSP paper's "SP": token sharding = context parallelism over a group of Σ ranks.
+
+Not Megatron-SP (that is `tp_msp`; tsp-method.md §7). Weights are replicated; rank p holds the zigzag
+token shard {chunk p, chunk 2Σ−1−p} of 2Σ chunks (A1), so every rank has one early and one late chunk and
+the causal work is equal. Everything token-wise (embedding, norms, residuals, RoPE at global positions,
+MLP, LM head) runs unchanged on the shard; only attention needs other ranks' tokens.
+
+Maths. Attention of rank p: O_p = softmax(Q_p·K_{≤pos}ᵀ/√d)·V_{≤pos}, with Q_p = X_p·W_Qᵀ from local tokens
+and K, V of the whole sequence. Two ways to obtain K, V (A4; `par.sp_variant`):
+    allgather (default)  all-gather K and V along the sequence, un-zigzag, causal attention per local chunk
+    ring                 Σ−1 peer-to-peer K/V hops with an online-softmax merge (ring_attention.py)
+
+Communication per layer (n = B·S·(h/g) elements = one full-sequence K or V):
+    forward   allgather: 2 all-gathers (K, V), output n each     ring: Σ−1 send/recv hops of packed [K; V]
+    backward  allgather: 2 reduce-scatters (dK, dV), input n each ring: Σ−1 reverse hops of [dK; dV]
+    volume    2·B·S·(h/g)·(Σ−1)/Σ received per rank forward (tsp-method.md §5), the same backward; the
+              ring moves the same bytes point-to-point.
+No activation all-reduce: ranks own different tokens. Each replicated weight sees only local tokens, so its
+gradient is a partial sum, completed by one all-reduce over the group after backward (finish_grad_sync;
+2·W·(Σ−1)/Σ, not per layer).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tspbench.config import ModelConfig, ParallelConfig
+from tspbench.model import project_qkv
+from tspbench.schemes.base import ApplyArgs, ParallelModel, materialise_replicated, meta_model
+from tspbench.schemes.comm import Comm, gather_from_sequence
+from tspbench.schemes.layout import SeqLayout, attend_shard
+from tspbench.schemes.ring_attention import ring_attention
+from tspbench.schemes.tp import ATTN_SPLIT, check_shards
+
+
+def attend_sequence(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, comm: Comm | None, layout: SeqLayout,
+                    variant: str = "allgather") -> torch.Tensor:
+    """Causal attention of local queries against the whole sequence's K/V, exchanged over `comm`.
+
+    q: [B, n_q, S/Σ, d]; k, v: [B, n_kv, S/Σ, d], local zigzag order → [B, n_q, S/Σ, d]. `comm` None means
+    Σ = 1 (a degenerate tp_sp factorisation): the local tokens are the whole sequence, nothing to exchange.
+    """
+    if comm is None:
+        return attend_shard(q, k, v, layout)
+    if variant == "ring":
+        return ring_attention(q, k, v, comm, layout)
+    # all-gather fwd / reduce-scatter bwd; the gather is in rank order, unshard restores logical order
+    k_full = layout.unshard(gather_from_sequence(k, comm, dim=2), dim=2)  # [B, n_kv, S, d]
+    v_full = layout.unshard(gather_from_sequence(v, comm, dim=2), dim=2)  # [B, n_kv, S, d]
+    return attend_shard(q, k_full, v_full, layout)
+
+
+def replicated_weights(module: nn.Module, names) -> dict[str, nn.Parameter]:
+    """The reference submodule's (meta) parameters, to be moved into a scheme module unchanged;
+    `materialise_replicated` later gives them their full seeded values."""
+    return {n: getattr(module, n) for n in names}
+
+
+class SPAttention(nn.Module):
+    """All heads, local tokens; the only change from the reference is where K/V come from."""
+
+    def __init__(self, w: dict[str, nn.Parameter], comm: Comm, layout: SeqLayout, cfg: ModelConfig,
+                 variant: str = "allgather"):
+        super().__init__()
+        self.wq, self.wk, self.wv, self.wo = w["wq"], w["wk"], w["wv"], w["wo"]
+        self.comm, self.layout, self.variant = comm, layout, variant
+        self.head_dim, self.theta = cfg.head_dim, cfg.rope_theta
+
+    def attend(self, q, k, v):
+        return attend_sequence(q, k, v, self.comm, self.layout, self.variant)
+
+    def forward(self, x, positions):
+        # x: [B, S/Σ, h] zigzag shard; positions: its global positions, so RoPE matches the reference
+        q, k, v = project_qkv(x, self.wq, self.wk, self.wv, positions, self.head_dim, self.theta)
+        o = self.attend(q, k, v)                                          # [B, n_h, S/Σ, d]
+        return F.linear(o.transpose(1, 2).flatten(2), self.wo)           # all heads local: no reduction
+
+
+def apply(cfg: ModelConfig, par: ParallelConfig, args: ApplyArgs) -> ParallelModel:
+    comm = args.comm("sp")
+    layout = SeqLayout(args.seq_len, comm.size, comm.rank, zigzag=True)
+    module, shards = meta_model(cfg, par.recompute), {}
+    for block in module.layers:  # MLP, norms: token-wise, the reference modules as they are
+        block.attention = SPAttention(replicated_weights(block.attention, ATTN_SPLIT), comm, layout, cfg,
+                                      par.sp_variant)
+    # every weight is replicated but used on this rank's tokens only: gradient summed over the sp group
+    materialise_replicated(module, shards, args.seed, args.dtype, args.device, grad_sum=comm)
+    return ParallelModel(module, par, check_shards(module, shards), layout, comm, args.comm("dp"), args.log)

@@ -1,0 +1,93 @@
+"""TP×SP — the 2-D baseline: tensor degree T (mesh axis "tp", innermost) × token degree Σ (axis "sp").
+
+T·Σ ranks per replica (tsp-method.md §7, "TP+SP"). Rank (σ, t) holds weight shard t of every layer, sliced
+exactly as in `tp`, and zigzag token shard σ, exactly as in `sp`.
+
+Maths. Attention: rank (σ, t) projects its tokens X_σ onto heads t (column-parallel Q, K, V), exchanges
+those heads' K/V with the Σ ranks of its sp group (all-gather or ring, from `sp`), attends, and multiplies
+by the row-parallel W_O^t; the T head-shard partial sums are all-reduced over tp (Megatron's g) on the local
+tokens only. MLP: `tp`'s column/row split on the local tokens, one all-reduce over tp.
+
+Communication per layer (a = B·(S/Σ)·h: one local activation; n = B·S·(h/g)/T: one full-sequence K or V of
+a head shard):
+    forward   tp: 2 all-reduces of a (after attention, after MLP)         4·a·(T−1)/T
+              sp: 2 all-gathers, output n (K, V) — or Σ−1 ring hops of [K; V]   2·n·(Σ−1)/Σ
+    backward  tp: 2 all-reduces of a (the f's: attention and MLP inputs)   the same
+              sp: 2 reduce-scatters, input n (dK, dV) — or Σ−1 reverse hops
+    volume    4·B·(S/Σ)·h·(T−1)/T + 2·B·S·(h/(g·T))·(Σ−1)/Σ per rank forward (tsp-method.md §5).
+Each weight shard (and each replicated embedding / norm / head weight) is used by the Σ ranks of an sp
+group on different tokens, so its gradient is summed over sp after backward (finish_grad_sync).
+T = 1 or Σ = 1 are allowed (degree ≥ 2): `ApplyArgs.comm` returns None for a size-1 axis and the
+collectives of that axis are skipped.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from tspbench.config import ModelConfig, ParallelConfig
+from tspbench.schemes.base import ApplyArgs, ParallelModel, Shard, materialise_replicated, meta_model
+from tspbench.schemes.comm import Comm, copy_to_region, reduce_from_region
+from tspbench.schemes.layout import SeqLayout
+from tspbench.schemes.sp import attend_sequence, replicated_weights
+from tspbench.schemes.tp import ATTN_SPLIT, MLP_SPLIT, TPAttention, TPMLP, check_shards, shard_block_weights
+
+
+def _f(x: torch.Tensor, comm: Comm | None) -> torch.Tensor:
+    """copy_to_region (identity fwd / all-reduce bwd), skipped when the tp axis has size 1."""
+    return x if comm is None else copy_to_region(x, comm)
+
+
+def _g(y: torch.Tensor, comm: Comm | None) -> torch.Tensor:
+    """reduce_from_region (all-reduce fwd / identity bwd), skipped when the tp axis has size 1."""
+    return y if comm is None else reduce_from_region(y, comm)
+
+
+class TPSPAttention(TPAttention):
+    """TP attention (heads over tp, f on entry, g on exit) whose K/V come from the sp group, as in SP."""
+
+    def __init__(self, w: dict[str, nn.Parameter], tp: Comm | None, sp: Comm | None, layout: SeqLayout,
+                 cfg: ModelConfig, variant: str = "allgather"):
+        super().__init__(w, tp, cfg)
+        self.sp, self.layout, self.variant = sp, layout, variant
+
+    def enter(self, x, positions):
+        return _f(x, self.comm), positions        # [B, S/Σ, h]: local tokens at global positions
+
+    def exit(self, y):
+        return _g(y, self.comm)                    # Σ over the T head shards, local tokens only
+
+    def attend(self, q, k, v):
+        # q: [B, n_h/T, S/Σ, d]; k, v: [B, n_kv/T, S/Σ, d] → [B, n_h/T, S/Σ, d]
+        return attend_sequence(q, k, v, self.sp, self.layout, self.variant)
+
+
+class TPSPMLP(TPMLP):
+    """TP's MLP on the local tokens (token-wise, so the sp axis never communicates here)."""
+
+    def enter(self, x):
+        return _f(x, self.comm)
+
+    def exit(self, y):
+        return _g(y, self.comm)
+
+
+def _block_weights(module: nn.Module, prefix: str, split: dict[str, int], tp: Comm | None, args: ApplyArgs,
+                   shards: dict[str, Shard], sp: Comm | None) -> dict[str, nn.Parameter]:
+    """tp's weight slices, their gradients summed over sp. T = 1: nothing to slice; the weights stay on meta
+    and `materialise_replicated` gives them full values (with the same grad_sum=sp)."""
+    if tp is None:
+        return replicated_weights(module, split)
+    return shard_block_weights(module, prefix, split, tp, args, shards, grad_sum=sp)
+
+
+def apply(cfg: ModelConfig, par: ParallelConfig, args: ApplyArgs) -> ParallelModel:
+    tp, sp = args.comm("tp"), args.comm("sp")
+    layout = SeqLayout(args.seq_len, sp.size if sp else 1, sp.rank if sp else 0, zigzag=True)
+    module, shards = meta_model(cfg, par.recompute), {}
+    for i, block in enumerate(module.layers):
+        aw = _block_weights(block.attention, f"layers.{i}.attention", ATTN_SPLIT, tp, args, shards, sp)
+        block.attention = TPSPAttention(aw, tp, sp, layout, cfg, par.sp_variant)
+        block.mlp = TPSPMLP(_block_weights(block.mlp, f"layers.{i}.mlp", MLP_SPLIT, tp, args, shards, sp), tp)
+    materialise_replicated(module, shards, args.seed, args.dtype, args.device, grad_sum=sp)
+    return ParallelModel(module, par, check_shards(module, shards), layout, sp, args.comm("dp"), args.log)
