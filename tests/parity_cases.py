@@ -26,6 +26,8 @@ VARIANTS = {
 
 def case_id(vc: VerifyConfig, breakage: str | None) -> str:
     s = f"{vc.scheme}-D{vc.degree}-dp{vc.dp}-{vc.model.name}-rc_{vc.recompute}"
+    if vc.dtype != "float64":
+        s += f"-{vc.dtype}"
     if vc.scheme in ("sp", "tp_sp"):
         s += f"-{vc.sp_variant}"
     if vc.scheme == "tp_sp":
@@ -53,6 +55,10 @@ def cases_for_world(world: int) -> list[tuple[VerifyConfig, str | None]]:
         for scheme in ("tsp", "sp"):
             for model in (MHA, GQA8):
                 out.append((_vc(model, scheme, 8), None))
+    if world == 2:  # low-precision smoke: same comparison, dtype-based tolerance (verify.TOL)
+        for scheme, variant, tp in VARIANTS[2]:
+            for dtype in ("float32", "bfloat16"):
+                out.append((replace(_vc(MHA, scheme, 2, variant, tp), dtype=dtype), None))
     if world == 2:
         # Non-vacuity: each bug must FAIL the very comparison the real code passes.
         out += [(_vc(MHA, "tp", 2), "missing_allreduce"),

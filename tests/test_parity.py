@@ -21,7 +21,8 @@ def test_scheme_matches_single_device(parity_results, cid):
     names = {c["name"] for c in res["checks"]}
     # logits, loss, a gradient and an updated value for every reference parameter were compared
     assert {"loss", "logits"} <= names and sum(n.startswith("grad/") for n in names) == 3 + 9 * 2
-    assert sum(n.startswith("param/") for n in names) == 3 + 9 * 2
+    n_param = sum(n.startswith("param/") for n in names)
+    assert n_param == (3 + 9 * 2 if vc.dtype == "float64" else 0)  # optimiser step checked in float64
     assert res["ok"], f"{cid} mismatches:\n{_failures(res)}"
 
 

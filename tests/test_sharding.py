@@ -15,7 +15,8 @@ def expected_param_bytes(vc) -> int:
     replicated = 2 * m.vocab_size * m.dim + (2 * m.n_layers + 1) * m.dim
     shard = {"tp": vc.degree, "tp_msp": vc.degree, "tsp": vc.degree, "sp": 1, "single": 1,
              "tp_sp": vc.tp or 1}[vc.scheme]
-    return 8 * (replicated + m.n_layers * block // shard)  # float64
+    elem = {"float64": 8, "float32": 4, "bfloat16": 2}[vc.dtype]
+    return elem * (replicated + m.n_layers * block // shard)
 
 
 @pytest.mark.parametrize("cid", [k for k, v in ALL.items() if v[2] is None])
