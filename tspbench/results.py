@@ -131,3 +131,56 @@ def provenance() -> dict[str, Any]:
         except Exception:  # noqa: BLE001 - no NVML (e.g. ROCm)
             pass
     return prov
+
+
+# ------------------------------------------------------------------------------------- terminal summary
+SCHEME_ORDER = ("single", "tp", "tp_msp", "sp", "tp_sp", "tsp")
+
+
+def latest_by_run_id(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One record per run_id, the last one written (a run may be recorded failed, then ok on resume)."""
+    last: dict[Any, dict[str, Any]] = {}
+    for r in records:
+        last.pop(r.get("run_id"), None)
+        last[r.get("run_id")] = r
+    return list(last.values())
+
+
+def summary_table(records: Iterable[dict[str, Any]]) -> str:
+    """The end-of-experiment table: one row per run (scheme × seq_len × ...), with tokens/s per device,
+    peak memory and energy per token. Peak GiB is the allocator peak where the device has one (CUDA),
+    else the MemTracker total at the rank's peak (marked *)."""
+    recs = sorted(latest_by_run_id(records), key=lambda r: (
+        r.get("seq_len") or 0, SCHEME_ORDER.index(r["scheme"]) if r.get("scheme") in SCHEME_ORDER else 99,
+        r.get("degree") or 0, r.get("batch") or 0, str(r.get("mode")), str(r.get("sp_variant"))))
+    head = (f"{'scheme':<8} {'variant':<9} {'deg':>3} {'T×Σ':>5} {'dp':>3} {'S':>7} {'B':>3} {'mode':<7} {'status':<8} "
+            f"{'tok/s/dev':>11} {'step ms':>9} {'peak GiB':>10} {'J/token':>9} {'MFU%':>6}")
+    lines = [head, "-" * len(head)]
+    starred = cpu = False
+
+    def fmt(v, spec):
+        return format(v, spec) if isinstance(v, (int, float)) else "-"
+
+    for r in recs:
+        m = r.get("metrics") or {}
+        peak = m.get("peak_allocated_gib")
+        star = ""
+        if peak is None and m.get("mem_total_gib") is not None:
+            peak, star, starred = m["mem_total_gib"], "*", True
+        cpu = cpu or bool(r.get("cpu_note"))
+        txs = f"{r.get('tp_degree') or '-'}×{r.get('sp_degree') or '-'}"
+        lines.append(
+            f"{r.get('scheme', '?'):<8} {r.get('sp_variant') or '':<9} {r.get('degree', 0):>3} {txs:>5} {r.get('dp', 1):>3} "
+            f"{r.get('seq_len', 0):>7} {r.get('batch', 0):>3} {str(r.get('mode')):<7} {r['status']:<8} "
+            f"{fmt(m.get('tokens_per_s_per_device'), ',.0f'):>11} {fmt(m.get('step_time_ms_p50'), '.1f'):>9} "
+            f"{fmt(peak, '.3g') + star:>10} {fmt(m.get('energy_j_per_token'), '.3g'):>9} "
+            f"{fmt(m.get('mfu_causal_pct'), '.1f'):>6}")
+    n_ok = sum(r["status"] == "ok" for r in recs)
+    lines.append(f"{n_ok}/{len(recs)} runs ok" + "".join(
+        f", {sum(r['status'] == s for r in recs)} {s}" for s in STATUSES[1:] if any(r["status"] == s for r in recs)))
+    if starred:
+        lines.append("* peak GiB: MemTracker total at the rank's peak (no allocator peaks on this device)")
+    if cpu:
+        lines.append("CPU (gloo): checks the machinery, not GPU performance; J/token and MFU are "
+                     "unavailable on CPU")
+    return "\n".join(lines)

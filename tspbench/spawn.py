@@ -23,6 +23,9 @@ def _entry(rank: int, world: int, init_file: str, device: str, fn, args) -> None
     torch.set_num_threads(1)  # ranks share 2 cores in CI; oversubscription only slows things down
     if device.startswith("cuda"):
         torch.cuda.set_device(rank % torch.cuda.device_count())
+        # Parity checks compare float32 at float32 tolerance: TF32 GEMMs (10-bit mantissa) would not.
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
     dist.init_process_group(backend_for(device), init_method=f"file://{init_file}", rank=rank,
                             world_size=world, timeout=timedelta(seconds=300))
     try:
