@@ -178,6 +178,13 @@ def summary_table(records: Iterable[dict[str, Any]]) -> str:
     n_ok = sum(r["status"] == "ok" for r in recs)
     lines.append(f"{n_ok}/{len(recs)} runs ok" + "".join(
         f", {sum(r['status'] == s for r in recs)} {s}" for s in STATUSES[1:] if any(r["status"] == s for r in recs)))
+    reasons: dict[tuple[str, str], int] = {}
+    for r in recs:
+        if r["status"] != "ok":
+            key = (r["status"], str(r.get("reason") or "")[:150])
+            reasons[key] = reasons.get(key, 0) + 1
+    for (status, why), n in list(reasons.items())[:6]:
+        lines.append(f"  {status} ×{n}: {why}")
     if starred:
         lines.append("* peak GiB: MemTracker total at the rank's peak (no allocator peaks on this device)")
     if cpu:

@@ -1,0 +1,66 @@
+"""Injected faults (conf/faults/) each leave a correct record while the other runs of the grid finish.
+
+Each test runs a two-run grid, the faulty `tp` run first and a healthy `single` run after it, through the
+same `run_all` the CLI uses (the configs come from Hydra's Compose API, so conf/faults/ is exercised too).
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from tspbench.experiment import compose_experiment, expand_grid
+from tspbench.launch import run_all
+
+FAST = ["+exp=smoke", "model.n_layers=1", "seq_len=32", "warmup_steps=1", "measured_steps=2", "progress=false",
+        "memory_breakdown=false", "schemes=[tp,single]"]
+
+
+def run(tmp_path: Path, *overrides: str) -> list[dict]:
+    specs = expand_grid(compose_experiment([*FAST, *overrides]))
+    assert [s.scheme for s in specs] == ["tp", "single"]
+    assert specs[0].fault["kind"] != "none" and specs[1].fault["kind"] == "none"
+    return run_all(specs, tmp_path, progress=False)
+
+
+def leftover_workers(marker: str) -> list[int]:
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                cmd = (d / "cmdline").read_bytes().decode(errors="replace")
+            except OSError:
+                continue
+            if marker in cmd and "tspbench.worker" in cmd:
+                out.append(int(d.name))
+    return out
+
+
+def test_crash_is_recorded_failed_with_log_tail(tmp_path):
+    tp, single = run(tmp_path, "faults=crash", "faults.scheme=tp", "faults.rank=1")
+    assert tp["status"] == "failed"
+    assert tp["reason"].startswith("rank 1: RuntimeError: injected crash")   # root cause first
+    assert tp["failed_rank"] == 1
+    assert "raise RuntimeError" in tp["log_tail"] and "on rank 1" in tp["log_tail"]   # its traceback
+    assert Path(tp["log_file"]).exists() and tp["fault"] == "crash"
+    assert single["status"] == "ok" and single["fault"] is None
+    assert not leftover_workers(str(tmp_path))
+
+
+def test_oom_is_recorded_with_the_attempted_configuration(tmp_path):
+    tp, single = run(tmp_path, "faults=oom", "faults.scheme=tp", "faults.rank=1")
+    assert tp["status"] == "oom"
+    assert tp["reason"].startswith("rank 1: OutOfMemoryError: injected OOM")
+    assert tp["attempted"] == {"scheme": "tp", "degree": 2, "dp": 1, "tp": 0, "seq_len": 32, "batch": 1,
+                               "mode": "train", "dtype": "float32", "recompute": "none", "model": "tiny"}
+    assert single["status"] == "ok"
+
+
+def test_hang_is_killed_after_timeout_and_recorded(tmp_path):
+    t0 = time.monotonic()
+    tp, single = run(tmp_path, "faults=hang", "faults.scheme=tp", "timeout_s=20")
+    assert tp["status"] == "timeout"
+    assert "timeout_s=20" in tp["reason"] and "injected hang" in tp["log_tail"]
+    assert single["status"] == "ok"
+    assert time.monotonic() - t0 < 20 + 10 + 25     # the hang + the kill grace + one healthy run
+    time.sleep(0.5)
+    assert not leftover_workers(str(tmp_path)), "the hung rank group survived the kill"

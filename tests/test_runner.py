@@ -1,0 +1,216 @@
+"""The benchmark runner end to end on CPU: grid, config errors, invalid runs, Ctrl-C + resume, multirun.
+
+Kept small (tiny model, 1 layer, S = 32, 1 warm-up + 2 measured steps); each measured run costs one
+torchrun launch (a few seconds on 2 cores).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tspbench.experiment import compose_experiment, expand_grid
+from tspbench.launch import run_all
+from tspbench.results import load, read_records
+
+ROOT = Path(__file__).resolve().parent.parent
+FAST = ["model.n_layers=1", "seq_len=32", "warmup_steps=1", "measured_steps=2", "progress=false",
+        "memory_breakdown=false"]
+
+
+def cli(args: list[str], **kw) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), HYDRA_FULL_ERROR="0")
+    return subprocess.Popen([sys.executable, "-m", "tspbench", *args], cwd=ROOT, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
+
+
+def run_cli(args: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
+    p = cli(args)
+    out, err = p.communicate(timeout=timeout)
+    return subprocess.CompletedProcess(p.args, p.returncode, out, err)
+
+
+def records(path: Path) -> list[dict]:
+    return read_records([path])
+
+
+# ------------------------------------------------------------------------------------- composition
+def test_smoke_grid_has_all_six_schemes_single_at_degree_1():
+    specs = expand_grid(compose_experiment(["+exp=smoke"]))
+    assert [s.scheme for s in specs] == ["single", "tp", "tp_msp", "sp", "tp_sp", "tsp"]
+    assert {s.scheme: s.degree for s in specs}["single"] == 1
+    assert all(s.degree == 2 for s in specs if s.scheme != "single")
+    assert all(s.device == "cpu" for s in specs)
+    assert len({s.run_id for s in specs}) == 6
+    # run_id is a pure function of the workload: same overrides, same ids
+    assert [s.run_id for s in expand_grid(compose_experiment(["+exp=smoke"]))] == [s.run_id for s in specs]
+
+
+def test_scalar_overrides_replace_grid_axes():
+    specs = expand_grid(compose_experiment(["+exp=smoke", "seq_lens=[32,64]", "seq_len=128", "schemes=[tp,tsp]",
+                                            "modes=[train,forward]"]))
+    assert {(s.scheme, s.seq_len, s.mode) for s in specs} == {
+        (sc, 128, m) for sc in ("tp", "tsp") for m in ("train", "forward")}
+
+
+def test_composition_error_prints_hydras_message():
+    r = run_cli(["+exp=smoke", "seq_lenz=3"], timeout=60)
+    assert r.returncode != 0
+    assert "Key 'seq_lenz' not in 'ExperimentConfig'" in r.stderr
+    r = run_cli(["+exp=smoke", "seq_len=abc"], timeout=60)
+    assert r.returncode != 0 and "could not be converted to Integer" in r.stderr
+
+
+def test_invalid_runs_are_recorded_and_the_grid_continues(tmp_path, capsys):
+    # tp at degree 3 cannot split 8 heads; cuda on a CPU host needs devices; estimate is not there yet.
+    exp = compose_experiment(["+exp=smoke", *FAST, "schemes=[tp]", "degree=3"])
+    specs = expand_grid(exp)
+    exp_cuda = compose_experiment(["+exp=smoke", *FAST, "schemes=[tp]", "device=cuda"])
+    exp_est = compose_experiment(["+exp=smoke", *FAST, "schemes=[tp]", "execution=estimate"])
+    specs += expand_grid(exp_cuda) + expand_grid(exp_est)
+    recs = run_all(specs, tmp_path, progress=False)
+    assert [r["status"] for r in recs] == ["invalid"] * 3
+    assert "n_heads=8 must be divisible by the tensor degree 3" in recs[0]["reason"]
+    import torch
+    if not torch.cuda.is_available():
+        assert recs[1]["reason"].startswith("needs 2 cuda devices")
+    assert "not implemented" in recs[2]["reason"] and recs[2]["method"] == "estimated"
+    assert not list(tmp_path.glob("*.log")), "nothing may be spawned for an invalid run"
+    err = capsys.readouterr().err
+    assert "invalid  tp d3" in err and err.count("\n") >= 3
+
+
+# -------------------------------------------------------------------------------- Ctrl-C and resume
+def _worker_pids(marker: str) -> list[int]:
+    pids = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                cmd = (d / "cmdline").read_bytes().decode(errors="replace")
+            except OSError:
+                continue
+            if marker in cmd and "tspbench.worker" in cmd:
+                pids.append(int(d.name))
+    return pids
+
+
+def test_interrupt_keeps_finished_runs_and_resume_skips_them(tmp_path):
+    run_dir = tmp_path / "run"
+    args = ["+exp=smoke", *FAST, "schemes=[single,tp]", f"hydra.run.dir={run_dir}"]
+    results = run_dir / "results.jsonl"
+
+    # 1. Interrupt during the second run (tp), once the first (single) is recorded.
+    p = cli(args)
+    deadline = time.time() + 90
+    while time.time() < deadline and not (results.exists() and records(results)):
+        time.sleep(0.2)
+    tp_log = next(iter(run_dir.glob("tp-*.log")), None)
+    while time.time() < deadline and tp_log is None:
+        time.sleep(0.1)
+        tp_log = next(iter(run_dir.glob("tp-*.log")), None)
+    assert tp_log is not None, "the second run never started"
+    time.sleep(1.0)                       # let the rank group start, so there is something to kill
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 130, err
+    recs = records(results)
+    assert [(r["scheme"], r["status"]) for r in recs] == [("single", "ok"), ("tp", "failed")]
+    assert recs[1]["reason"].startswith("interrupted")
+    assert "resume_dir=" in err
+    time.sleep(0.5)
+    assert not _worker_pids(str(run_dir)), "the interrupted rank group survived"
+
+    # 2. Resume: only tp runs again; single's ok record is not redone.
+    r = run_cli(args)
+    assert r.returncode == 0, r.stderr
+    assert "skip     single" in r.stderr
+    recs = records(results)
+    assert [(x["scheme"], x["status"]) for x in recs] == [("single", "ok"), ("tp", "failed"), ("tp", "ok")]
+    assert "2/2 runs ok" in r.stdout and f"results: {results}" in r.stdout
+
+    # 3. Everything ok: a third invocation spawns nothing.
+    r = run_cli(args)
+    assert r.returncode == 0 and len(records(results)) == 3
+    assert r.stderr.count("skip") == 2
+
+    # The ok records carry the schema's fields (docs/results-schema.md).
+    ok = [x for x in records(results) if x["status"] == "ok"]
+    for x in ok:
+        m = x["metrics"]
+        assert x["method"] == "measured" and x["device"] == "cpu" and x["cpu_note"]
+        assert m["tokens_per_s_per_device"] == pytest.approx(m["tokens_per_s"] / x["world_size"])
+        assert m["tokens_per_step"] == x["dp"] * x["batch"] * x["seq_len"]
+        assert m["step_time_ms_min"] <= m["step_time_ms_p50"] <= m["step_time_ms_max"]
+        assert m["energy_j_per_token"] is None and m["energy_reason"]      # never 0 on CPU
+        assert m["mfu_causal_pct"] is None and m["flops_per_token_causal"] < m["flops_per_token_noncausal"]
+        assert len(x["per_rank"]["step_time_ms"]) == x["world_size"]
+        assert x["provenance"]["config"]["run_id"] == x["run_id"]
+        assert x["provenance"]["warmup_steps"] == 1 and x["provenance"]["measured_steps"] == 2
+    tp = next(x for x in ok if x["scheme"] == "tp")
+    # TP: 2 all-reduces of B·S·h fp32 per layer forward, each receiving (T−1)/T·2·n elements
+    assert tp["metrics"]["comm_bytes_per_layer_fwd"] == 2 * 2 * (1 / 2) * 32 * 64 * 4
+    df = load(results)
+    assert len(df) == 3 and "metrics.tokens_per_s" in df.columns
+
+
+# ------------------------------------------------------------------------------------------ multirun
+def test_multirun_sweep_writes_one_combined_jsonl(tmp_path):
+    sweep = tmp_path / "sweep"
+    r = run_cli(["-m", "+exp=smoke", *[a for a in FAST if not a.startswith("seq_len")], "schemes=[single]",
+                 "seq_len=32,64", f"hydra.sweep.dir={sweep}"], timeout=120)
+    assert r.returncode == 0, r.stderr
+    combined = sweep / "results.jsonl"
+    recs = records(combined)
+    assert sorted((x["seq_len"], x["status"]) for x in recs) == [(32, "ok"), (64, "ok")]
+    assert (sweep / "0" / "results.jsonl").exists() and (sweep / "1" / "results.jsonl").exists()
+    assert f"results (combined): {combined}" in r.stdout
+    assert "2/2 runs ok" in r.stdout
+
+
+# ------------------------------------------------------------------------------ measurers (no ranks)
+def test_flops_conventions_and_peak_table():
+    from tspbench.config import ModelConfig
+    from tspbench.measure import flops as fl
+
+    llama = ModelConfig(name="llama7b", vocab_size=32000, dim=4096, n_layers=32, n_heads=32, n_kv_heads=32,
+                        ffn_hidden=16384)
+    assert llama.n_layers * fl.layer_weight_params(llama) == 8_589_934_592     # tsp-method.md §4
+    s = 131072
+    n = llama.n_layers * fl.layer_weight_params(llama) + llama.vocab_size * llama.dim
+    palm = 6 * n + 12 * llama.n_layers * llama.n_heads * llama.head_dim * s       # PaLM App. B
+    assert fl.flops_per_token(llama, s, "train", causal_halved=False) == palm
+    attn = 12 * llama.n_layers * llama.dim * s
+    assert fl.flops_per_token(llama, s, "train", causal_halved=True) == palm - attn / 2   # Megatron
+    assert fl.hardware_flops_per_token(llama, s, "train", "full") > fl.flops_per_token(llama, s, "train", True)
+    assert fl.peak_flops("NVIDIA H100 80GB HBM3", "cuda")[0] == 989e12
+    assert fl.peak_flops("NVIDIA H100 PCIe", "cuda")[0] == 756e12
+    assert fl.peak_flops("NVIDIA H200", "cuda")[0] == 989e12
+    assert fl.peak_flops("AMD Instinct MI300X", "cuda")[0] == 1300e12
+    assert fl.peak_flops("x86_64", "cpu")[0] is None and "CPU" in fl.peak_flops("x86_64", "cpu")[1]
+    assert fl.peak_flops("Some New GPU", "cuda")[0] is None
+    assert fl.mfu_pct(1e9, 1e5, 1e15, 2) == pytest.approx(5.0)
+
+
+def test_energy_is_none_on_cpu_and_counter_validation():
+    import torch
+
+    from tspbench.measure.energy import EnergyMeter, _integrate, validate_counter
+
+    m = EnergyMeter(torch.device("cpu"))
+    m.start()
+    r = m.stop()
+    assert r.energy_j is None and r.reason and "CPU" in r.reason               # never 0
+    # Zeus-style check: a counter that tracks power × time is trusted, a frozen one is not.
+    clock = {"mj": 0.0}
+
+    def good():
+        clock["mj"] += 300.0 * 0.01 * 1e3 / 2     # two reads per window → 300 W over 10 ms
+        return clock["mj"]
+    assert validate_counter(good, lambda: 300.0, wait_s=0.01)[0]
+    assert not validate_counter(lambda: 5.0, lambda: 300.0, wait_s=0.01)[0]
+    assert _integrate([[0.0, 100.0], [1.0, 100.0]], 2.0) == pytest.approx(200.0)

@@ -1,0 +1,48 @@
+"""`python -m tspbench +exp=NAME [overrides]`: compose, expand the grid, run each point, summarise.
+
+Hydra lives only here, in the parent (style.md rule 20): it composes the typed ExperimentConfig
+(tspbench/experiment.py), owns the run/sweep directories (conf/config.yaml) and, under `-m`, the sweep;
+each run's ranks are spawned by tspbench.launch from a frozen spec file.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from tspbench.experiment import ExperimentConfig, expand_grid, register
+from tspbench.hydra_conf import CONF_DIR
+
+register()
+
+
+@hydra.main(config_path=str(CONF_DIR), config_name="config", version_base=None)
+def main(cfg: DictConfig) -> None:
+    from tspbench.config import ConfigError
+    from tspbench.launch import run_all
+    from tspbench.results import RESULTS_FILE, summary_table
+
+    exp: ExperimentConfig = OmegaConf.to_object(cfg)
+    run_dir = Path(exp.resume_dir or HydraConfig.get().runtime.output_dir).resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        specs = expand_grid(exp)
+    except ConfigError as e:
+        print(f"tspbench: {e}", file=sys.stderr)
+        raise SystemExit(2)
+    print(f"tspbench: {exp.exp_name}: {len(specs)} runs → {run_dir / RESULTS_FILE}", file=sys.stderr)
+    try:
+        records = run_all(specs, run_dir, force=exp.force, progress=exp.progress)
+    except KeyboardInterrupt:
+        print(f"\ntspbench: interrupted; finished runs are kept in {run_dir / RESULTS_FILE}; "
+              f"re-run with resume_dir={run_dir} to continue", file=sys.stderr)
+        raise SystemExit(130)
+    print(summary_table(records))
+    print(f"results: {run_dir / RESULTS_FILE}")
+
+
+if __name__ == "__main__":
+    main()

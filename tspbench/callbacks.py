@@ -1,0 +1,52 @@
+"""Hydra callbacks: after a multirun, one combined result set for the whole sweep.
+
+`python -m tspbench -m +exp=smoke seq_len=64,128` runs one job per override combination, each writing
+`<sweep dir>/<job>/results.jsonl`. `CombineResults.on_multirun_end` concatenates them (in job order) into
+`<sweep dir>/results.jsonl`, rewritten whole each time so a resumed sweep never duplicates lines, and
+prints the summary table and the path. Registered in conf/config.yaml under `hydra.callbacks`.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+
+def combine(sweep_dir: Path, extra: list[Path] = ()) -> Path:
+    """Concatenate every job's results.jsonl under `sweep_dir` (plus `extra` files) into
+    `<sweep_dir>/results.jsonl` (atomic replace). Returns its path."""
+    from tspbench.results import RESULTS_FILE
+
+    out = sweep_dir / RESULTS_FILE
+    jobs = sorted((p for p in sweep_dir.rglob(RESULTS_FILE) if p != out),
+                  key=lambda p: [int(s) if s.isdigit() else s for s in p.relative_to(sweep_dir).parts])
+    tmp = out.with_suffix(".jsonl.tmp")
+    with open(tmp, "w") as f:
+        for p in [*jobs, *extra]:
+            text = p.read_text()
+            f.write(text if not text or text.endswith("\n") else text + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    tmp.replace(out)
+    return out
+
+
+class CombineResults(Callback):
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        from tspbench.results import read_records, summary_table
+
+        sweep_dir = Path(config.hydra.sweep.dir).resolve()
+        if not sweep_dir.exists():
+            return
+        resume = config.get("resume_dir")
+        extra = []
+        if resume:  # jobs wrote into resume_dir instead of their own job dirs
+            f = (Path(resume) / "results.jsonl").resolve()
+            if f.exists() and f != sweep_dir / "results.jsonl":
+                extra = [f]
+        out = combine(sweep_dir, extra)
+        print(summary_table(read_records([out])))
+        print(f"results (combined): {out}")

@@ -1,0 +1,372 @@
+"""The experiment schema and its grid: `ExperimentConfig` (Hydra, parent only) → `list[RunSpec]`.
+
+An experiment is a grid, schemes × sequence lengths × degrees × micro-batches × modes (and, per scheme,
+the K/V-exchange variants of sp/tp_sp and the tensor degrees of tp_sp), run in one invocation. Each grid
+point becomes a frozen `RunSpec`: plain data, JSON-serialisable, with everything a worker needs; the
+worker reads it from a file and never sees Hydra (style.md rule 20).
+
+`run_id` is a hash of the workload part of the spec (model, layout, shape, dtype, device, steps, seed), so
+re-running an experiment into the same directory finds the runs already recorded `ok` and skips them.
+
+Axes and their scalar overrides: the plural fields are the grid (`seq_lens: [64, 128]`); the singular
+ones (`seq_len=128`, `degree=4`, `batch=2`, `mode=forward`), when set, replace the axis with one value,
+which is what a Hydra multirun sweeps (`-m seq_len=64,128`). The scheme axis is `schemes=[tp,tsp]` (a
+`scheme` key would clash with the `conf/scheme/` group; sweep it as `-m 'schemes=[tp],[tsp]'`).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Dict, List, Optional
+
+from tspbench.config import (DTYPES, MODES, RECOMPUTE, SCHEMES, SP_VARIANTS, ConfigError, ModelConfig,
+                             ParallelConfig)
+
+DEVICES = ("auto", "cpu", "cuda")
+EXECUTIONS = ("auto", "measure", "estimate", "model")
+FAULT_KINDS = ("none", "crash", "hang", "oom")
+METHOD_OF = {"measure": "measured", "estimate": "estimated", "model": "modelled"}
+CPU_NOTE = "CPU (gloo): checks the machinery, not GPU performance"
+
+
+@dataclass
+class FaultConfig:
+    """Fault injection, to prove the runner's failure handling on CPU (conf/faults/*.yaml)."""
+
+    kind: str = "none"
+    """none | crash (raise in the worker) | hang (sleep forever) | oom (raise torch.OutOfMemoryError)."""
+    rank: int = 0
+    """Global rank that misbehaves (a run whose world is smaller is left alone)."""
+    scheme: Optional[str] = None
+    """Only runs of this scheme (null: every scheme)."""
+    seq_len: Optional[int] = None
+    """Only runs of this sequence length (null: every length)."""
+
+
+@dataclass
+class SchemeOptions:
+    """Per-scheme defaults (conf/scheme/<name>.yaml, merged into `scheme_opts.<name>`)."""
+
+    sp_variants: List[str] = field(default_factory=lambda: ["allgather"])
+    """sp and tp_sp: K/V exchange variants to run (allgather | ring); ignored by the other schemes."""
+    tps: List[int] = field(default_factory=lambda: [0])
+    """tp_sp: tensor degrees T to run (0 = the largest T ≤ √degree); values that are not proper divisors
+    of the degree (1 < T < degree) are skipped, and if none is left T is auto. Ignored elsewhere."""
+    label: str = ""
+    """Display name for summaries and reports."""
+
+
+@dataclass
+class ExperimentConfig:
+    """`python -m tspbench +exp=NAME [key=value ...]`: everything one invocation runs."""
+
+    exp_name: str = "default"
+    """Experiment name: results/<time>_<exp_name>/ and the `experiment` field of every record."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """Model preset (`model=tiny|small|llama7b|llama3_8b`) or field overrides (`model.n_layers=1`)."""
+    schemes: List[str] = field(default_factory=lambda: list(SCHEMES))
+    """Scheme axis of the grid. `single` always runs at degree 1 (the single-device baseline)."""
+    scheme_opts: Dict[str, SchemeOptions] = field(default_factory=dict)
+    """Per-scheme options, filled from conf/scheme/*.yaml (`scheme_opts.sp.sp_variants=[ring]`)."""
+    seq_lens: List[int] = field(default_factory=lambda: [64])
+    """Sequence-length axis S."""
+    degrees: List[int] = field(default_factory=lambda: [2])
+    """Degree axis: ranks per model replica (T, Σ, T·Σ or D)."""
+    batches: List[int] = field(default_factory=lambda: [1])
+    """Micro-batch axis B (sequences per replica per step)."""
+    modes: List[str] = field(default_factory=lambda: ["train"])
+    """Mode axis: train (forward + backward + AdamW step) | forward (no grad)."""
+    seq_len: Optional[int] = None
+    """If set, replaces `seq_lens` with this one value (what `-m seq_len=64,128` sweeps)."""
+    degree: Optional[int] = None
+    """If set, replaces `degrees`."""
+    batch: Optional[int] = None
+    """If set, replaces `batches`."""
+    mode: Optional[str] = None
+    """If set, replaces `modes`."""
+    dp: int = 1
+    """Data-parallel replicas per run; world size = dp × degree."""
+    recompute: str = "none"
+    """Activation recompute: none | full."""
+    dtype: str = "float32"
+    """float64 | float32 | bfloat16."""
+    device: str = "auto"
+    """auto (cuda if available, else cpu) | cpu (gloo) | cuda (nccl)."""
+    execution: str = "auto"
+    """auto (measure if the devices exist, else record `invalid`) | measure | estimate | model."""
+    hardware: Any = None
+    """Hardware profile for estimated/modelled numbers: a name, or the `hardware/` group's dict."""
+    seed: int = 0
+    """Seed for weights and the synthetic batch (the same for every scheme)."""
+    warmup_steps: int = 2
+    """Steps run and discarded before the measured window (allocator, caches, kernels)."""
+    measured_steps: int = 5
+    """Steps in the measured window."""
+    lr: float = 1e-4
+    """AdamW learning rate (train mode)."""
+    memory_breakdown: bool = True
+    """Run one extra, untimed step under MemTracker for the params/grads/optimizer/activations split."""
+    power_sample_s: float = 0.1
+    """Power-timeline sampling period (NVML/amdsmi; ignored on CPU)."""
+    timeout_s: float = 600.0
+    """Wall-clock limit per run (launch + warm-up + window); a hung rank group is killed and recorded."""
+    nodes: int = 1
+    """Nodes the parent launches on (always 1 here; a cluster's own torchrun sets its own)."""
+    resume_dir: Optional[str] = None
+    """Write records into this existing directory instead of Hydra's run dir, skipping its `ok` runs."""
+    force: bool = False
+    """Re-run runs already recorded `ok`."""
+    progress: bool = True
+    """Show the progress bar and the live per-run line."""
+    faults: FaultConfig = field(default_factory=FaultConfig)
+    """Fault injection (`faults=crash|hang|oom faults.scheme=tp`)."""
+
+
+@dataclass
+class RunSpec:
+    """One grid point, frozen: what the worker reads (as JSON) and what the record repeats."""
+
+    experiment: str
+    scheme: str
+    degree: int
+    tp: int
+    dp: int
+    sp_variant: str
+    recompute: str
+    seq_len: int
+    batch: int
+    mode: str
+    dtype: str
+    device: str
+    execution: str
+    hardware: Optional[str]
+    model: Dict[str, Any]
+    seed: int = 0
+    warmup_steps: int = 2
+    measured_steps: int = 5
+    lr: float = 1e-4
+    memory_breakdown: bool = True
+    power_sample_s: float = 0.1
+    timeout_s: float = 600.0
+    nodes: int = 1
+    fault: Dict[str, Any] = field(default_factory=lambda: {"kind": "none", "rank": 0})
+    run_id: str = ""
+    results_file: str = ""
+    status_dir: str = ""
+
+    # Fields that define the workload, hence the run_id. Paths, time limits and faults do not.
+    IDENTITY = ("scheme", "degree", "tp", "dp", "sp_variant", "recompute", "seq_len", "batch", "mode",
+                "dtype", "device", "execution", "model", "seed", "warmup_steps", "measured_steps", "lr",
+                "memory_breakdown")
+
+    def __post_init__(self):
+        if not self.run_id:
+            self.run_id = make_run_id(self)
+
+    def parallel(self) -> ParallelConfig:
+        return ParallelConfig(scheme=self.scheme, degree=self.degree, tp=self.tp, dp=self.dp,
+                              sp_variant=self.sp_variant, recompute=self.recompute)
+
+    def model_config(self) -> ModelConfig:
+        return ModelConfig(**self.model)
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.degree
+
+    @property
+    def method(self) -> str:
+        return METHOD_OF.get(self.execution, "measured")
+
+    def label(self) -> str:
+        extra = f" T={self.parallel().tp_degree}" if self.scheme == "tp_sp" else ""
+        extra += f" {self.sp_variant}" if self.scheme in ("sp", "tp_sp") else ""
+        return f"{self.scheme} d{self.degree}{extra} S={self.seq_len} B={self.batch} {self.mode}"
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "RunSpec":
+        d = json.loads(text)
+        return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
+
+
+def make_run_id(spec: RunSpec) -> str:
+    """`<scheme>-d<degree>-s<S>-b<B>-<mode>-<hash>`: readable, and stable for the same workload."""
+    ident = {k: getattr(spec, k) for k in RunSpec.IDENTITY}
+    digest = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:10]
+    return f"{spec.scheme}-d{spec.degree}-s{spec.seq_len}-b{spec.batch}-{spec.mode}-{digest}"
+
+
+# --------------------------------------------------------------------------------------------- checks
+def _one_of(name: str, value: Any, allowed) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{name}={value!r} is unknown; allowed: {', '.join(map(str, allowed))}")
+
+
+def validate_experiment(cfg: ExperimentConfig) -> None:
+    """Experiment-level mistakes (one line each). Per-run layout checks happen per grid point, so one
+    bad degree is recorded `invalid` while the rest of the grid runs."""
+    for s in cfg.schemes:
+        _one_of("schemes", s, SCHEMES)
+    for name in cfg.scheme_opts:
+        _one_of("scheme_opts key", name, SCHEMES)
+    for m in ([cfg.mode] if cfg.mode else cfg.modes):
+        _one_of("mode", m, MODES)
+    _one_of("dtype", cfg.dtype, DTYPES)
+    _one_of("device", cfg.device, DEVICES)
+    _one_of("execution", cfg.execution, EXECUTIONS)
+    _one_of("recompute", cfg.recompute, RECOMPUTE)
+    _one_of("faults.kind", cfg.faults.kind, FAULT_KINDS)
+    if cfg.faults.scheme is not None:
+        _one_of("faults.scheme", cfg.faults.scheme, SCHEMES)
+    for name, opts in cfg.scheme_opts.items():
+        for v in opts.sp_variants:
+            _one_of(f"scheme_opts.{name}.sp_variants", v, SP_VARIANTS)
+    if cfg.warmup_steps < 0 or cfg.measured_steps < 1:
+        raise ConfigError(f"warmup_steps={cfg.warmup_steps} must be ≥ 0 and measured_steps="
+                          f"{cfg.measured_steps} ≥ 1")
+    if cfg.timeout_s <= 0:
+        raise ConfigError(f"timeout_s={cfg.timeout_s} must be > 0")
+    if cfg.nodes != 1:
+        raise ConfigError(f"nodes={cfg.nodes}: the parent launches on one node only; on a cluster run "
+                          f"`torchrun --nnodes N ... -m tspbench.worker --spec FILE` with a spec it wrote")
+
+
+def resolve_device(device: str) -> str:
+    if device != "auto":
+        return device
+    import torch
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def hardware_name(hw: Any) -> Optional[str]:
+    """The profile's name whether the config holds a name or the `hardware/` group's dict."""
+    if hw is None or isinstance(hw, str):
+        return hw
+    if isinstance(hw, dict):
+        return hw.get("name")
+    return getattr(hw, "name", None)
+
+
+# ----------------------------------------------------------------------------------------------- grid
+def expand_grid(cfg: ExperimentConfig, results_file: str = "", status_dir: str = "") -> list[RunSpec]:
+    """Every grid point as a RunSpec, in a stable order (seq_len outermost, then scheme). Duplicates
+    (e.g. `single` under several degrees) are dropped."""
+    validate_experiment(cfg)
+    seq_lens = [cfg.seq_len] if cfg.seq_len is not None else list(cfg.seq_lens)
+    degrees = [cfg.degree] if cfg.degree is not None else list(cfg.degrees)
+    batches = [cfg.batch] if cfg.batch is not None else list(cfg.batches)
+    modes = [cfg.mode] if cfg.mode is not None else list(cfg.modes)
+    device = resolve_device(cfg.device)
+    model = asdict(cfg.model) if not isinstance(cfg.model, dict) else dict(cfg.model)
+    out: list[RunSpec] = []
+    seen: set[str] = set()
+    for seq_len in seq_lens:
+        for scheme in cfg.schemes:
+            opts = cfg.scheme_opts.get(scheme) or SchemeOptions()
+            variants = list(opts.sp_variants) if scheme in ("sp", "tp_sp") else ["allgather"]
+            for degree in ([1] if scheme == "single" else degrees):
+                tps = _tps_for(scheme, degree, opts)
+                for tp in tps:
+                    for variant in variants:
+                        for batch in batches:
+                            for mode in modes:
+                                spec = RunSpec(
+                                    experiment=cfg.exp_name, scheme=scheme, degree=degree, tp=tp, dp=cfg.dp,
+                                    sp_variant=variant, recompute=cfg.recompute, seq_len=seq_len,
+                                    batch=batch, mode=mode, dtype=cfg.dtype, device=device,
+                                    execution=cfg.execution, hardware=hardware_name(cfg.hardware),
+                                    model=model, seed=cfg.seed, warmup_steps=cfg.warmup_steps,
+                                    measured_steps=cfg.measured_steps, lr=cfg.lr,
+                                    memory_breakdown=cfg.memory_breakdown, power_sample_s=cfg.power_sample_s,
+                                    timeout_s=cfg.timeout_s, nodes=cfg.nodes,
+                                    fault=_fault_for(cfg.faults, scheme, seq_len, cfg.dp * degree),
+                                    results_file=results_file, status_dir=status_dir)
+                                if spec.run_id not in seen:
+                                    seen.add(spec.run_id)
+                                    out.append(spec)
+    return out
+
+
+def _tps_for(scheme: str, degree: int, opts: SchemeOptions) -> list[int]:
+    """tp_sp's tensor degrees at this degree: 0 (auto) and the proper divisors 1 < T < degree in
+    `opts.tps` (T = degree would be TP and T = 1 SP); if none is left, auto."""
+    if scheme != "tp_sp":
+        return [0]
+    auto = ParallelConfig(scheme="tp_sp", degree=degree).resolved_tp()
+    tps = [auto if t == 0 else t for t in opts.tps if t == 0 or (1 < t < degree and degree % t == 0)]
+    return list(dict.fromkeys(tps)) or [auto]   # explicit T in the spec: the same layout, the same run_id
+
+
+def _fault_for(f: FaultConfig, scheme: str, seq_len: int, world: int) -> dict[str, Any]:
+    hit = (f.kind != "none" and (f.scheme is None or f.scheme == scheme)
+           and (f.seq_len is None or f.seq_len == seq_len) and 0 <= f.rank < world)
+    return {"kind": f.kind if hit else "none", "rank": f.rank}
+
+
+# -------------------------------------------------------------------------------------------- records
+def base_record(spec: RunSpec, status: str, reason: Optional[str] = None) -> dict[str, Any]:
+    """The identity part of a result record (tspbench/results.py, docs/results-schema.md); the worker
+    adds metrics, per-rank lists and provenance."""
+    par = spec.parallel()
+    try:
+        tp_degree, sp_degree = par.tp_degree, par.sp_degree
+    except Exception:  # noqa: BLE001 - an invalid layout still gets a record
+        tp_degree = sp_degree = None
+    return {
+        "run_id": spec.run_id,
+        "experiment": spec.experiment,
+        "method": spec.method,
+        "status": status,
+        "reason": reason,
+        "scheme": spec.scheme,
+        "sp_variant": spec.sp_variant if spec.scheme in ("sp", "tp_sp") else None,
+        "degree": spec.degree,
+        "tp_degree": tp_degree,
+        "sp_degree": sp_degree,
+        "dp": spec.dp,
+        "world_size": spec.world_size,
+        "nodes": spec.nodes,
+        "model": spec.model.get("name"),
+        "model_cfg": dict(spec.model),
+        "seq_len": spec.seq_len,
+        "batch": spec.batch,
+        "mode": spec.mode,
+        "dtype": spec.dtype,
+        "recompute": spec.recompute,
+        "device": spec.device,
+        "device_name": None,
+        "hardware": spec.hardware,
+        "cpu_note": CPU_NOTE if spec.device == "cpu" and spec.method == "measured" else None,
+        "fault": spec.fault["kind"] if spec.fault["kind"] != "none" else None,
+        "metrics": {},
+        "per_rank": {},
+        "provenance": {"seed": spec.seed, "warmup_steps": spec.warmup_steps,
+                       "measured_steps": spec.measured_steps, "config": json.loads(spec.to_json())},
+    }
+
+
+def register():
+    """Register the experiment schema (and the model schema) in Hydra's ConfigStore."""
+    from tspbench.hydra_conf import register as register_base
+
+    cs = register_base()
+    cs.store(name="experiment_schema", node=ExperimentConfig)
+    cs.store(group="faults", name="faults_schema", node=FaultConfig)
+    return cs
+
+
+def compose_experiment(overrides: list[str]) -> ExperimentConfig:
+    """Hydra's Compose API (no output dirs, no @hydra.main): the typed config, for tests and tools."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from tspbench.hydra_conf import CONF_DIR
+
+    register()
+    with initialize_config_dir(str(CONF_DIR), version_base=None):
+        cfg = compose("config", overrides=overrides)
+    return OmegaConf.to_object(cfg)

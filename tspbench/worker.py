@@ -1,0 +1,297 @@
+"""The per-rank benchmark loop: `python -m torch.distributed.run ... -m tspbench.worker --spec FILE`.
+
+Reads a frozen RunSpec (JSON, written by the parent launcher), joins the default process group from the
+torchrun environment (RANK, WORLD_SIZE, LOCAL_RANK; gloo on CPU, NCCL on CUDA), builds the scheme's model
+from the seed, and runs:
+
+    step 0            untimed; the CommLog records every collective (comm bytes per layer), then stops
+    warm-up           warmup_steps − 1 more untimed steps
+    measured window   sync → measured_steps steps (no sync, no .item()) → sync; time, peak memory and
+                      energy are read together at the edges (style.md rule 14)
+    breakdown         one more untimed step under MemTracker (per-category peak)
+    gather            every rank's numbers to rank 0, which appends the one record (results.py)
+
+Hydra is never involved here (style rule 20), so the same command runs under a cluster's own
+`torchrun --nnodes N ...` given a spec file whose dp × degree matches the world size.
+
+Failures: an OOM (torch.OutOfMemoryError) or any other exception writes `<status_dir>/rank<R>.json`
+for the parent to turn into an `oom` / `failed` record, and exits non-zero so torchrun tears the group
+down. Injected faults (spec.fault) fire in step 0 on the chosen rank.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+import traceback
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from tspbench.config import DTYPES
+from tspbench.experiment import RunSpec, base_record
+from tspbench.measure import energy as energy_mod
+from tspbench.measure import flops as flops_mod
+from tspbench.measure import memory as memory_mod
+from tspbench.measure import timing
+from tspbench.results import append_record, provenance
+
+PROGRESS_PREFIX = "[tspbench]"
+
+
+def now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+
+
+def setup_device(kind: str, local_rank: int) -> torch.device:
+    if kind == "cuda":
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    # One intra-op thread per rank unless OMP_NUM_THREADS says otherwise: ranks share the host's cores,
+    # and OpenMP spin-waits under oversubscription can slow a step down by 10-50x.
+    torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS") or 1)))
+    return torch.device("cpu")
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"CPU ({platform.processor() or platform.machine()})"
+
+
+class Fault:
+    """spec.fault = {kind, rank}: misbehave in step 0 on that rank (tests of the runner's fault handling)."""
+
+    def __init__(self, fault: dict, rank: int):
+        self.kind = fault.get("kind", "none") if fault.get("rank", 0) == rank else "none"
+        self.rank = rank
+
+    def fire(self) -> None:
+        if self.kind == "crash":
+            raise RuntimeError(f"injected crash (faults.kind=crash) on rank {self.rank}")
+        if self.kind == "oom":
+            raise torch.OutOfMemoryError(f"injected OOM (faults.kind=oom) on rank {self.rank}")
+        if self.kind == "hang":
+            print(f"rank {self.rank}: injected hang (faults.kind=hang)", flush=True)
+            while True:                                   # the peers block in their next collective
+                time.sleep(60)
+
+
+def comm_per_layer(log, tag: str = "layer0") -> dict:
+    """Bytes received by this rank in one layer's collectives, forward and backward (recompute's
+    replayed forward collectives count as backward)."""
+    out = {"fwd": 0.0, "bwd": 0.0, "ops": 0}
+    for r in log.records:
+        if r.tag == tag:
+            out[r.phase] = out.get(r.phase, 0.0) + r.recv_numel * (r.bytes // max(r.numel, 1))
+            out["ops"] += 1
+    out["max_buffer_bytes"] = max((r.bytes for r in log.records), default=0)
+    return out
+
+
+def benchmark(spec: RunSpec, device: torch.device, rank: int, world: int) -> dict | None:
+    """Collective over the default group; returns the record on rank 0, None elsewhere."""
+    from tspbench.model import synthetic_batch
+    from tspbench.schemes import ApplyArgs, apply_scheme, build_mesh
+    from tspbench.schemes.comm import CommLog
+
+    started = now()
+    cfg, par = spec.model_config(), spec.parallel()
+    train = spec.mode == "train"
+    log = CommLog()
+    pm = apply_scheme(cfg, par, ApplyArgs(build_mesh(par, device.type), spec.seq_len, spec.seed,
+                                          DTYPES[spec.dtype], device, log))
+    tokens, targets = synthetic_batch(cfg, par.dp * spec.batch, spec.seq_len, spec.seed, device)
+    tok, tgt, pos = pm.local_batch(tokens, targets)
+    opt = torch.optim.AdamW(pm.parameters(), lr=spec.lr) if train else None
+    fault = Fault(spec.fault, rank)
+
+    def step() -> torch.Tensor:
+        if train:
+            loss, _ = pm.loss(tok, tgt, pos)
+            loss.backward()
+            pm.finish_grad_sync()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        else:
+            with torch.no_grad():
+                loss, _ = pm.loss(tok, tgt, pos)
+        return loss
+
+    # -- step 0 (accounting) and warm-up ------------------------------------------------------------
+    fault.fire()
+    step()
+    comm = comm_per_layer(log)
+    log.enabled = False
+    for _ in range(spec.warmup_steps - 1):
+        step()
+
+    # -- measured window -------------------------------------------------------------------------------
+    n = spec.measured_steps
+    n_tokens = timing.tokens_per_step(par, spec.batch, spec.seq_len)
+    memory_mod.reset_peaks(device)
+    timer, meter = timing.StepTimer(device), energy_mod.EnergyMeter(device, spec.power_sample_s)
+    last_print = 0.0
+    timer.start()
+    meter.start()
+    for i in range(n):
+        loss = step()
+        timer.step()
+        if rank == 0 and (time.perf_counter() - last_print > 0.5 or i == n - 1):
+            last_print = time.perf_counter()  # host clock only: a progress line, not a measurement
+            print(f"{PROGRESS_PREFIX} step {i + 1}/{n} {n_tokens * (i + 1) / timer.elapsed_s():.0f} tok/s",
+                  flush=True)
+    step_ms = timer.stop()
+    energy = meter.stop()
+    peaks = memory_mod.device_peaks(device)
+
+    # -- after the window: loss value, memory breakdown ------------------------------------------------
+    loss_t = pm.replica_loss(loss).float()
+    if pm.dp is not None:
+        dist.all_reduce(loss_t, group=pm.dp.group)
+        loss_t /= pm.dp.size
+    mem = memory_mod.breakdown(step, pm, opt, device) if spec.memory_breakdown else {}
+    mine = {"step_ms": step_ms, "window_s": timer.window_s, "peaks": peaks, "mem": mem,
+            "energy": energy.__dict__, "comm": comm, "device_name": device_name(device)}
+    gathered: list = [None] * world
+    dist.all_gather_object(gathered, mine)
+    if rank != 0:
+        return None
+    return build_record(spec, gathered, float(loss_t.item()), n_tokens, started)
+
+
+def build_record(spec: RunSpec, ranks: list[dict], loss: float, n_tokens: int, started: str) -> dict:
+    """Rank 0: reduce the per-rank numbers into one record (docs/results-schema.md)."""
+    cfg, world = spec.model_config(), spec.world_size
+    dev0 = ranks[0]
+    rec = base_record(spec, "ok")
+    rec["device_name"] = dev0["device_name"]
+    m: dict = {}
+    m.update(timing.throughput(n_tokens, spec.measured_steps, [r["window_s"] for r in ranks], world))
+    m.update(timing.step_stats([r["step_ms"] for r in ranks]))
+
+    # FLOPs and MFU
+    peak, peak_src = flops_mod.peak_flops(dev0["device_name"], spec.device)
+    f_causal = flops_mod.flops_per_token(cfg, spec.seq_len, spec.mode, causal_halved=True)
+    f_full = flops_mod.flops_per_token(cfg, spec.seq_len, spec.mode, causal_halved=False)
+    f_hw = flops_mod.hardware_flops_per_token(cfg, spec.seq_len, spec.mode, spec.recompute)
+    tps = m["tokens_per_s"]
+    m.update({"flops_per_token_causal": f_causal, "flops_per_token_noncausal": f_full,
+              "hardware_flops_per_token": f_hw, "peak_flops": peak,
+              "peak_flops_source": peak_src if peak is not None else None,
+              "mfu_reason": None if peak is not None else peak_src,
+              "mfu_causal_pct": flops_mod.mfu_pct(f_causal, tps, peak, world),
+              "mfu_noncausal_pct": flops_mod.mfu_pct(f_full, tps, peak, world),
+              "hfu_pct": flops_mod.mfu_pct(f_hw, tps, peak, world)})
+
+    # Memory: allocator peaks = max over ranks; breakdown = the rank with the largest total.
+    def max_over(key, src="peaks"):
+        vals = [r[src].get(key) for r in ranks if r[src].get(key) is not None]
+        return max(vals) if vals else None
+    for k in ("peak_allocated_gib", "peak_reserved_gib", "device_used_gib", "num_ooms", "alloc_retries"):
+        m[k] = max_over(k)
+    m["memory_reason"] = dev0["peaks"].get("memory_reason")
+    for k in memory_mod.BREAKDOWN_KEYS:
+        m[k] = None
+    m["mem_breakdown_method"] = None if spec.memory_breakdown else "off (memory_breakdown=false)"
+    with_mem = [r for r in ranks if r["mem"]]
+    if with_mem:
+        top = max(with_mem, key=lambda r: r["mem"].get("mem_total_gib") or 0)
+        m.update(top["mem"])
+    m["mem_comm_buffers_gib"] = max(r["comm"]["max_buffer_bytes"] for r in ranks) / memory_mod.GIB
+
+    # Energy: summed over ranks; None (with the reason) unless every rank has a value.
+    ej = [r["energy"]["energy_j"] for r in ranks]
+    steps = spec.measured_steps
+    if all(e is not None for e in ej):
+        total = sum(ej)
+        m.update({"energy_j": total, "energy_j_per_step": total / steps,
+                  "energy_j_per_token": total / (n_tokens * steps),
+                  "avg_power_w": total / m["window_s"] if m["window_s"] else None})
+    else:
+        m.update({"energy_j": None, "energy_j_per_step": None, "energy_j_per_token": None, "avg_power_w": None})
+    m["energy_method"] = dev0["energy"]["method"]
+    m["energy_reason"] = dev0["energy"]["reason"]
+
+    m.update({"comm_bytes_per_layer_fwd": dev0["comm"]["fwd"], "comm_bytes_per_layer_bwd": dev0["comm"]["bwd"],
+              "comm_ops_per_layer": dev0["comm"]["ops"], "loss": loss,
+              "throughput_note": rec["cpu_note"]})
+    rec["metrics"] = m
+    rec["per_rank"] = {
+        "step_time_ms": [r["step_ms"] for r in ranks],
+        "window_s": [r["window_s"] for r in ranks],
+        "peak_allocated_gib": [r["peaks"].get("peak_allocated_gib") for r in ranks],
+        "mem_total_gib": [r["mem"].get("mem_total_gib") for r in ranks],
+        "energy_j": [r["energy"]["energy_j"] for r in ranks],
+        "power_timeline": [r["energy"]["timeline"] for r in ranks],
+        "comm_bytes_per_layer_fwd": [r["comm"]["fwd"] for r in ranks],
+        "comm_bytes_per_layer_bwd": [r["comm"]["bwd"] for r in ranks],
+    }
+    rec["provenance"] = {**provenance(), **rec["provenance"], "started_at": started, "finished_at": now(),
+                         "backend": dist.get_backend(), "launcher": os.environ.get("TSPBENCH_LAUNCHER", "torchrun")}
+    return rec
+
+
+def write_status(spec: RunSpec, rank: int, status: str, reason: str, tb: str = "") -> None:
+    """`<status_dir>/rank<R>.json`: how this rank ended, for the parent (time orders root cause first)."""
+    if not spec.status_dir:
+        return
+    d = Path(spec.status_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    tmp = d / f".rank{rank}.json.tmp"
+    tmp.write_text(json.dumps({"rank": rank, "status": status, "reason": reason, "time": time.time(),
+                               "traceback": tb[-6000:]}))
+    tmp.replace(d / f"rank{rank}.json")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="tspbench.worker", description=__doc__.splitlines()[0])
+    ap.add_argument("--spec", required=True, help="RunSpec JSON written by the launcher")
+    ap.add_argument("--results", default=None, help="override the spec's results file (JSONL)")
+    args = ap.parse_args(argv)
+    spec = RunSpec.from_json(Path(args.spec).read_text())
+    if args.results:
+        spec.results_file = args.results
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    if world != spec.world_size:
+        print(f"tspbench.worker: WORLD_SIZE={world} but the spec needs dp × degree = {spec.world_size}",
+              file=sys.stderr)
+        return 2
+    spec.nodes = max(1, world // max(1, local_world))
+    device = setup_device(spec.device, local_rank)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
+                            timeout=timedelta(seconds=max(60.0, spec.timeout_s)),
+                            **({"device_id": device} if device.type == "cuda" else {}))
+    try:
+        record = benchmark(spec, device, rank, world)
+        if record is not None:
+            append_record(spec.results_file, record)
+    except torch.OutOfMemoryError as e:
+        _die(spec, rank, "oom", e)
+    except BaseException as e:  # noqa: BLE001 - anything else: tell the parent which rank and why
+        _die(spec, rank, "failed", e)
+    dist.destroy_process_group()
+    return 0
+
+
+def _die(spec: RunSpec, rank: int, status: str, e: BaseException) -> None:
+    """Record this rank's failure and leave at once: peers may be blocked in a collective, so no
+    destroy_process_group; torchrun sees the exit code and tears the group down."""
+    tb = traceback.format_exc()
+    print(tb, file=sys.stderr)
+    first = (str(e).strip().splitlines() or [""])[0]
+    write_status(spec, rank, status, f"rank {rank}: {type(e).__name__}: {first}"[:500], tb)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
