@@ -42,6 +42,14 @@ def main(cfg: DictConfig) -> None:
         raise SystemExit(130)
     print(summary_table(records))
     print(f"results: {run_dir / RESULTS_FILE}")
+    if exp.report and not _in_multirun():  # a sweep gets one combined report (tspbench.callbacks)
+        from tspbench.report import finish
+        finish([run_dir / RESULTS_FILE], exp.exp_name)
+
+
+def _in_multirun() -> bool:
+    from hydra.types import RunMode
+    return HydraConfig.get().mode == RunMode.MULTIRUN
 
 
 if __name__ == "__main__":

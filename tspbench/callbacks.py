@@ -50,3 +50,6 @@ class CombineResults(Callback):
         out = combine(sweep_dir, extra)
         print(summary_table(read_records([out])))
         print(f"results (combined): {out}")
+        if config.get("report", True):
+            from tspbench.report import finish
+            finish([out], f"{config.get('exp_name', 'sweep')}-multirun")

@@ -119,6 +119,8 @@ class ExperimentConfig:
     """Re-run runs already recorded `ok`."""
     progress: bool = True
     """Show the progress bar and the live per-run line."""
+    report: bool = True
+    """End with the HTML report (reports/<exp_name>-<time>.html) and the matched claims in the terminal."""
     faults: FaultConfig = field(default_factory=FaultConfig)
     """Fault injection (`faults=crash|hang|oom faults.scheme=tp`)."""
 
