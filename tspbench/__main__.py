@@ -23,7 +23,7 @@ register()
 def main(cfg: DictConfig) -> None:
     from tspbench.config import ConfigError
     from tspbench.launch import run_all
-    from tspbench.results import RESULTS_FILE, summary_table
+    from tspbench.results import RESULTS_FILE, breakdown_table, summary_table
 
     exp: ExperimentConfig = OmegaConf.to_object(cfg)
     run_dir = Path(exp.resume_dir or HydraConfig.get().runtime.output_dir).resolve()
@@ -34,6 +34,7 @@ def main(cfg: DictConfig) -> None:
         print(f"tspbench: {e}", file=sys.stderr)
         raise SystemExit(2)
     print(f"tspbench: {exp.exp_name}: {len(specs)} runs → {run_dir / RESULTS_FILE}", file=sys.stderr)
+    _say_fallback(specs)
     try:
         records = run_all(specs, run_dir, force=exp.force, progress=exp.progress)
     except KeyboardInterrupt:
@@ -41,10 +42,26 @@ def main(cfg: DictConfig) -> None:
               f"re-run with resume_dir={run_dir} to continue", file=sys.stderr)
         raise SystemExit(130)
     print(summary_table(records))
+    breakdown = breakdown_table(records)
+    if breakdown:
+        print(breakdown)
     print(f"results: {run_dir / RESULTS_FILE}")
     if exp.report and not _in_multirun():  # a sweep gets one combined report (tspbench.callbacks)
         from tspbench.report import finish
         finish([run_dir / RESULTS_FILE], exp.exp_name)
+
+
+def _say_fallback(specs) -> None:
+    """execution=auto without the devices: say once, in one line, what happens instead."""
+    from tspbench.launch import choose_execution
+
+    missing = [s for s in specs if s.execution == "auto" and choose_execution(s)[0] is None]
+    if missing:
+        need = max(s.world_size for s in missing)
+        hw = missing[0].hardware or "h100"
+        print(f"tspbench: {len(missing)} runs need up to {need} {missing[0].device} devices that are not here: "
+              f"estimating them (fake tensors) and modelling them (hardware profile {hw}) instead",
+              file=sys.stderr)
 
 
 def _in_multirun() -> bool:

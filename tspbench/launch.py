@@ -73,7 +73,8 @@ def run_all(specs: list[RunSpec], run_dir: Path, force: bool = False, progress: 
         bar.close()
         if main:
             signal.signal(signal.SIGTERM, prev)
-    return latest_records(results, [s.run_id for s in specs])
+    from tspbench.offline import MODEL_SUFFIX
+    return latest_records(results, [i for s in specs for i in (s.run_id, s.run_id + MODEL_SUFFIX)])
 
 
 def _interrupt(signum, frame):
@@ -84,8 +85,11 @@ def one_line(rec: dict) -> str:
     m = rec.get("metrics") or {}
     label = (f"{rec['scheme']} d{rec['degree']} S={rec['seq_len']} B={rec['batch']} {rec['mode']}")
     if rec["status"] == "ok":
-        tps = m.get("tokens_per_s_per_device")
-        return f"ok       {label}: {tps:,.0f} tok/s/device, step p50 {m.get('step_time_ms_p50', 0):.1f} ms"
+        tps, method = m.get("tokens_per_s_per_device"), rec.get("method", "measured")
+        if tps is None:  # estimated: memory and FLOPs, no time
+            return f"ok       {label} [{method}]: peak {m.get('mem_total_gib', 0):.2f} GiB/device"
+        return (f"ok       {label} [{method}]: {tps:,.0f} tok/s/device, "
+                f"step p50 {m.get('step_time_ms_p50') or 0:.1f} ms")
     where = f" (log: {rec['log_file']})" if rec.get("log_file") else ""
     return f"{rec['status']:<8} {label}: {rec.get('reason')}{where}"
 
@@ -114,14 +118,16 @@ def run_one(spec: RunSpec, run_dir: Path, on_step: Optional[Callable] = None) ->
     except ConfigError as e:
         return _record(results, base_record(spec, "invalid", str(e)))
     execution, why = choose_execution(spec)
+    if execution is None and spec.execution == "auto":
+        # The devices are not here: estimate (fake tensors) and model (formulas) instead; the modelled
+        # twin carries the predicted time under its own run_id.
+        rec = _record(results, run_offline(spec, "estimate"))
+        _record(results, run_offline(spec, "model"))
+        return rec
     if execution is None:
         return _record(results, base_record(spec, "invalid", why))
     if execution in ("estimate", "model"):
-        try:
-            rec = run_estimated(spec)
-        except NotImplementedError as e:
-            return _record(results, base_record(spec, "invalid", str(e)))
-        return _record(results, rec)
+        return _record(results, run_offline(spec, execution))
     return run_measured(spec, run_dir, on_step)
 
 
@@ -136,15 +142,21 @@ def choose_execution(spec: RunSpec) -> tuple[Optional[str], Optional[str]]:
     if have >= spec.world_size:
         return "measure", None
     return None, (f"needs {spec.world_size} cuda devices, found {have} (execution={spec.execution}; "
-                  f"use device=cpu, or execution=estimate once available)")
+                  f"use device=cpu, or execution=estimate|model)")
 
 
-def run_estimated(spec: RunSpec) -> dict:
-    """Hook for execution=estimate (fake tensors + fake process group) and execution=model (closed-form
-    cost model): return a full record (`base_record(spec, "ok")` with `method` "estimated"/"modelled"
-    and the same metric keys as a measured run). Not implemented yet."""
-    raise NotImplementedError(f"execution={spec.execution} is not implemented yet "
-                              f"(hook: tspbench.launch.run_estimated)")
+def run_offline(spec: RunSpec, execution: str) -> dict:
+    """execution=estimate (fake tensors + fake process group) or model (closed-form cost model): a record
+    with method "estimated" / "modelled" (tspbench/offline.py). A crash is recorded, never raised."""
+    from tspbench.offline import MODEL_SUFFIX, estimated_record, modelled_record
+
+    run_id = spec.run_id + (MODEL_SUFFIX if spec.execution == "auto" and execution == "model" else "")
+    try:
+        return estimated_record(spec) if execution == "estimate" else modelled_record(spec, run_id)
+    except Exception as e:  # noqa: BLE001 - one bad grid point must not stop the sweep
+        rec = base_record(spec, "failed", f"{execution}: {type(e).__name__}: {e}")
+        rec["method"], rec["run_id"] = ("estimated" if execution == "estimate" else "modelled"), run_id
+        return rec
 
 
 def free_port() -> int:

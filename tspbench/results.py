@@ -156,7 +156,7 @@ def summary_table(records: Iterable[dict[str, Any]]) -> str:
     head = (f"{'scheme':<8} {'variant':<9} {'deg':>3} {'T×Σ':>5} {'dp':>3} {'S':>7} {'B':>3} {'mode':<7} {'status':<8} "
             f"{'tok/s/dev':>11} {'step ms':>9} {'peak GiB':>10} {'J/token':>9} {'MFU%':>6}")
     lines = [head, "-" * len(head)]
-    starred = cpu = False
+    starred = cpu = offline = False
 
     def fmt(v, spec):
         return format(v, spec) if isinstance(v, (int, float)) else "-"
@@ -166,7 +166,11 @@ def summary_table(records: Iterable[dict[str, Any]]) -> str:
         peak = m.get("peak_allocated_gib")
         star = ""
         if peak is None and m.get("mem_total_gib") is not None:
-            peak, star, starred = m["mem_total_gib"], "*", True
+            peak, star = m["mem_total_gib"], "*"
+            starred = starred or r.get("method", "measured") == "measured"
+            if r.get("method") in ("estimated", "modelled"):
+                star = "e" if r["method"] == "estimated" else "m"
+                offline = True
         cpu = cpu or bool(r.get("cpu_note"))
         txs = f"{r.get('tp_degree') or '-'}×{r.get('sp_degree') or '-'}"
         lines.append(
@@ -187,7 +191,38 @@ def summary_table(records: Iterable[dict[str, Any]]) -> str:
         lines.append(f"  {status} ×{n}: {why}")
     if starred:
         lines.append("* peak GiB: MemTracker total at the rank's peak (no allocator peaks on this device)")
+    if offline:
+        lines.append("e / m: peak GiB estimated (fake tensors) / modelled (formulas); tok/s of modelled rows is "
+                     "predicted on the hardware profile, not measured")
     if cpu:
         lines.append("CPU (gloo): checks the machinery, not GPU performance; J/token and MFU are "
                      "unavailable on CPU")
+    return "\n".join(lines)
+
+
+def breakdown_table(records: Iterable[dict[str, Any]]) -> str:
+    """Estimated / modelled runs: per-device peak GiB by category, predicted tok/s per device on the
+    hardware profile (modelled rows), and communication GB per layer (forward + backward)."""
+    cats = ("params", "grads", "optimizer", "activations", "temporaries", "comm_buffers")
+    recs = [r for r in latest_by_run_id(records) if r.get("method") in ("estimated", "modelled")]
+    if not recs:
+        return ""
+    recs.sort(key=lambda r: (r.get("seq_len") or 0, SCHEME_ORDER.index(r["scheme"])
+                             if r.get("scheme") in SCHEME_ORDER else 99, r.get("tp_degree") or 0,
+                             r.get("method")))
+    head = (f"{'scheme':<7} {'T×Σ':>5} {'S':>7} {'method':<9} {'hw':<7} " + " ".join(f"{c[:6]:>6}" for c in cats)
+            + f" {'total':>7} {'pred tok/s/dev':>14} {'comm GB/layer':>13}")
+    lines = ["per-device memory (GiB) by category, predicted throughput, communication per layer:", head,
+             "-" * len(head)]
+    for r in recs:
+        m = r.get("metrics") or {}
+        f = lambda v, spec: format(v, spec) if isinstance(v, (int, float)) else "-"  # noqa: E731
+        comm = (m.get("comm_bytes_per_layer_fwd") or 0) + (m.get("comm_bytes_per_layer_bwd") or 0)
+        tps = m.get("predicted_tokens_per_s_per_device")
+        lines.append(
+            f"{r['scheme']:<7} {str(r.get('tp_degree')) + '×' + str(r.get('sp_degree')):>5} {r.get('seq_len', 0):>7} "
+            f"{r['method']:<9} {str(r.get('hardware') or '-'):<7} "
+            + " ".join(f"{f(m.get(f'mem_{c}_gib'), '6.2f'):>6}" for c in cats)
+            + f" {f(m.get('mem_total_gib'), '7.2f'):>7} {f(tps, ',.0f'):>14} {f(comm / 1e9 if comm else None, '.3f'):>13}"
+            + ("" if r["status"] == "ok" else f"  {r['status']}"))
     return "\n".join(lines)

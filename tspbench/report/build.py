@@ -230,7 +230,10 @@ def _matches(claim: dict, r: dict, scheme: str | None) -> bool:
     """Does a record answer a claim? Same scheme and sequence length, plus the layout, GPU count,
     model and mode wherever the claim states one."""
     tp, sp = _layout(r)
-    checks = [(scheme, r.get("scheme")), (claim.get("seq_len"), r.get("seq_len")),
+    have_scheme = r.get("scheme")
+    if scheme == "tp_sp" and have_scheme == "sp":  # pure SP is the T = 1 × Σ factorisation (A3: report all)
+        have_scheme = "tp_sp"
+    checks = [(scheme, have_scheme), (claim.get("seq_len"), r.get("seq_len")),
               (claim.get("degree"), r.get("degree")), (claim.get("tp"), tp), (claim.get("sp"), sp),
               (claim.get("model"), r.get("model")), (claim.get("mode"), r.get("mode"))]
     if claim.get("unit") != "GB":  # throughput is cluster-wide: compare at the same GPU count only

@@ -1,0 +1,82 @@
+"""Runs without the devices: `execution=estimate` (fake tensors) and `execution=model` (closed form).
+
+Both return records with the schema of a measured run (tspbench/results.py), `method` saying how the numbers
+were obtained, so the summary, pandas and the report treat them alike and never confuse them:
+
+    estimated  the scheme code itself on fake tensors + a fake process group (tspbench.estimate): per-rank
+               peak memory by category, FLOPs, and the collectives of one layer. No timing.
+    modelled   tspbench.costmodel: closed-form memory, per-layer communication, and α–β + roofline time on
+               the experiment's hardware profile (conf/hardware/), giving predicted step time and tokens/s.
+               Never fitted to the paper's numbers.
+"""
+from __future__ import annotations
+
+import time
+
+from tspbench.experiment import RunSpec, base_record
+
+GIB = float(2**30)
+MODEL_SUFFIX = "-model"  # run_id suffix of the modelled twin of an estimated run (execution=auto fallback)
+
+
+def estimated_record(spec: RunSpec) -> dict:
+    from tspbench.estimate import estimate
+
+    est = estimate(spec.model_config(), spec.parallel(), spec.seq_len, spec.batch, mode=spec.mode,
+                   dtype=spec.dtype, hardware=spec.hardware)
+    rec = base_record(spec, est.get("status", "ok"), est.get("reason"))
+    rec["method"] = "estimated"
+    rec["metrics"] = dict(est.get("metrics", {}))
+    rec["per_rank"] = est.get("per_rank", {})
+    rec["provenance"]["estimate"] = {k: est[k] for k in ("attention", "master_fp32", "layers") if k in est}
+    return _stamp(rec)
+
+
+def modelled_record(spec: RunSpec, run_id: str | None = None) -> dict:
+    from tspbench.costmodel import comm_per_layer, flops_per_token, memory_breakdown
+    from tspbench.costmodel_time import cluster_throughput, load_hardware
+
+    model, par = spec.model_config(), spec.parallel()
+    hw_name = spec.hardware or ("cpu" if spec.device == "cpu" else "h100")
+    hw = load_hardware(hw_name)
+    mem = memory_breakdown(model, par, spec.seq_len, spec.batch, mode=spec.mode, dtype=spec.dtype)
+    comm = comm_per_layer(model, par, spec.seq_len, spec.batch, mode=spec.mode,
+                          regather_kv=spec.scheme == "tsp")
+    elem = {"float64": 8, "float32": 4, "bfloat16": 2}[spec.dtype]
+    m: dict = {f"mem_{k}_gib": v / GIB for k, v in mem.items() if k != "total"}
+    m["mem_total_gib"] = mem["total"] / GIB
+    m["device_capacity_gib"] = hw.mem_bytes / GIB
+    m["comm_bytes_per_layer_fwd"] = comm["fwd_total"] * elem
+    m["comm_bytes_per_layer_bwd"] = comm["bwd_total"] * elem
+    m["flops_per_token_causal"] = flops_per_token(model, spec.seq_len, True, mode=spec.mode)
+    m["flops_per_token_noncausal"] = flops_per_token(model, spec.seq_len, False, mode=spec.mode)
+    for overlap in ("none", "ideal"):
+        t = cluster_throughput(model, par, spec.seq_len, spec.batch, hw, spec.world_size, mode=spec.mode,
+                               overlap=overlap, dtype=spec.dtype)
+        key = "" if overlap == "none" else "_ideal_overlap"
+        m[f"predicted_tokens_per_s{key}"] = t["tokens_per_s"]
+        m[f"predicted_tokens_per_s_per_device{key}"] = t["tokens_per_s_per_device"]
+        m[f"predicted_step_time_ms{key}"] = t["step_s"] * 1e3
+        if overlap == "none":
+            m["compute_ms"] = t["compute_s"] * 1e3
+            m["exposed_comm_ms"] = t["comm_s"] * 1e3
+    # The modelled throughput is what the summary and report show as tok/s (labelled "modelled").
+    m["tokens_per_s"] = m["predicted_tokens_per_s"]
+    m["tokens_per_s_per_device"] = m["predicted_tokens_per_s_per_device"]
+    m["step_time_ms_p50"] = m["predicted_step_time_ms"]
+    fits = mem["total"] <= hw.mem_bytes
+    rec = base_record(spec, "ok" if fits else "oom",
+                      None if fits else f"predicted {mem['total'] / 1e9:.1f} GB > {hw.mem_bytes / 1e9:.0f} GB "
+                                        f"of {hw_name}")
+    rec["method"], rec["hardware"], rec["metrics"] = "modelled", hw_name, m
+    rec["run_id"] = run_id or spec.run_id
+    rec["provenance"]["hardware_profile"] = {"name": hw_name, "sources": list(getattr(hw, "sources", []))}
+    return _stamp(rec)
+
+
+def _stamp(rec: dict) -> dict:
+    from tspbench.results import provenance
+
+    rec["provenance"].update(provenance())
+    rec["provenance"]["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    return rec
