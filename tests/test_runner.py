@@ -138,7 +138,7 @@ def test_interrupt_keeps_finished_runs_and_resume_skips_them(tmp_path):
     assert r.returncode == 0 and len(records(results)) == 3
     assert r.stderr.count("skip") == 2
 
-    # The ok records carry the schema's fields (docs/results-schema.md).
+    # The ok records carry the schema's fields (README.md, "Result records").
     ok = [x for x in records(results) if x["status"] == "ok"]
     for x in ok:
         m = x["metrics"]

@@ -311,7 +311,7 @@ def _fault_for(f: FaultConfig, scheme: str, seq_len: int, world: int) -> dict[st
 
 # -------------------------------------------------------------------------------------------- records
 def base_record(spec: RunSpec, status: str, reason: Optional[str] = None) -> dict[str, Any]:
-    """The identity part of a result record (tspbench/results.py, docs/results-schema.md); the worker
+    """The identity part of a result record (tspbench/results.py, README.md, "Result records"); the worker
     adds metrics, per-rank lists and provenance."""
     par = spec.parallel()
     try:

@@ -166,7 +166,7 @@ def benchmark(spec: RunSpec, device: torch.device, rank: int, world: int) -> dic
 
 
 def build_record(spec: RunSpec, ranks: list[dict], loss: float, n_tokens: int, started: str) -> dict:
-    """Rank 0: reduce the per-rank numbers into one record (docs/results-schema.md)."""
+    """Rank 0: reduce the per-rank numbers into one record (README.md, "Result records")."""
     cfg, world = spec.model_config(), spec.world_size
     dev0 = ranks[0]
     rec = base_record(spec, "ok")
