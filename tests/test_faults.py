@@ -8,6 +8,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from proc_util import worker_pids
+
 from tspbench.experiment import compose_experiment, expand_grid
 from tspbench.launch import run_all
 
@@ -22,19 +24,6 @@ def run(tmp_path: Path, *overrides: str) -> list[dict]:
     return run_all(specs, tmp_path, progress=False)
 
 
-def leftover_workers(marker: str) -> list[int]:
-    out = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                cmd = (d / "cmdline").read_bytes().decode(errors="replace")
-            except OSError:
-                continue
-            if marker in cmd and "tspbench.worker" in cmd:
-                out.append(int(d.name))
-    return out
-
-
 def test_crash_is_recorded_failed_with_log_tail(tmp_path):
     tp, single = run(tmp_path, "faults=crash", "faults.scheme=tp", "faults.rank=1")
     assert tp["status"] == "failed"
@@ -43,7 +32,7 @@ def test_crash_is_recorded_failed_with_log_tail(tmp_path):
     assert "raise RuntimeError" in tp["log_tail"] and "on rank 1" in tp["log_tail"]   # its traceback
     assert Path(tp["log_file"]).exists() and tp["fault"] == "crash"
     assert single["status"] == "ok" and single["fault"] is None
-    assert not leftover_workers(str(tmp_path))
+    assert not worker_pids(str(tmp_path))
 
 
 def test_oom_is_recorded_with_the_attempted_configuration(tmp_path):
@@ -63,4 +52,4 @@ def test_hang_is_killed_after_timeout_and_recorded(tmp_path):
     assert single["status"] == "ok"
     assert time.monotonic() - t0 < 20 + 10 + 25     # the hang + the kill grace + one healthy run
     time.sleep(0.5)
-    assert not leftover_workers(str(tmp_path)), "the hung rank group survived the kill"
+    assert not worker_pids(str(tmp_path)), "the hung rank group survived the kill"

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from proc_util import worker_pids
 
 from tspbench.experiment import compose_experiment, expand_grid
 from tspbench.launch import run_all
@@ -98,19 +99,6 @@ def test_auto_without_devices_estimates_and_models(tmp_path):
 
 
 # -------------------------------------------------------------------------------- Ctrl-C and resume
-def _worker_pids(marker: str) -> list[int]:
-    pids = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                cmd = (d / "cmdline").read_bytes().decode(errors="replace")
-            except OSError:
-                continue
-            if marker in cmd and "tspbench.worker" in cmd:
-                pids.append(int(d.name))
-    return pids
-
-
 def test_interrupt_keeps_finished_runs_and_resume_skips_them(tmp_path):
     run_dir = tmp_path / "run"
     args = ["+exp=smoke", *FAST, "schemes=[single,tp]", f"hydra.run.dir={run_dir}"]
@@ -135,7 +123,7 @@ def test_interrupt_keeps_finished_runs_and_resume_skips_them(tmp_path):
     assert recs[1]["reason"].startswith("interrupted")
     assert "resume_dir=" in err
     time.sleep(0.5)
-    assert not _worker_pids(str(run_dir)), "the interrupted rank group survived"
+    assert not worker_pids(str(run_dir)), "the interrupted rank group survived"
 
     # 2. Resume: only tp runs again; single's ok record is not redone.
     r = run_cli(args)

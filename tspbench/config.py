@@ -6,7 +6,7 @@ print that line before any rank is spawned.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 

@@ -116,25 +116,10 @@ def _check(name: str, got: torch.Tensor, ref: torch.Tensor, tol: float) -> Tenso
     return TensorCheck(name, abs_err, rel, tol, bool(rel <= tol))
 
 
-@contextlib.contextmanager
-def _count_saved(params: set[int], total: list[int]):
-    """Bytes autograd saves for backward (storage-deduplicated, parameters excluded)."""
-    seen: set[int] = set()
-
-    def pack(t):
-        key = t.untyped_storage().data_ptr() if t.device.type != "meta" else id(t)
-        if key not in params and key not in seen:
-            seen.add(key)
-            total[0] += t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        yield
-
-
 def run_case(vc: VerifyConfig, breakage: str | None = None) -> CaseResult | None:
     """Collective over the default process group (world = dp × degree). Returns the result on rank 0."""
     from tspbench.schemes import ApplyArgs, apply_scheme, build_mesh
+    from tspbench.measure.memory import saved_tensor_bytes
     from tspbench.schemes.comm import CommLog
 
     par = vc.parallel()
@@ -153,7 +138,7 @@ def run_case(vc: VerifyConfig, breakage: str | None = None) -> CaseResult | None
         tok, tgt, pos = pm.local_batch(tokens, targets)
         saved = [0]
         param_keys = {p.untyped_storage().data_ptr() for p in pm.parameters()}
-        with _count_saved(param_keys, saved):
+        with saved_tensor_bytes(param_keys, saved):
             loss, logits = pm.loss(tok, tgt, pos)
         loss.backward()
         comm_layer0 = log.summary("layer0")
@@ -243,7 +228,6 @@ def format_result(r: dict) -> str:
 def compose(overrides: list[str]) -> VerifyConfig:
     """Hydra compose (no output dirs, no @hydra.main) into the typed VerifyConfig."""
     from hydra import compose as hcompose, initialize_config_dir
-    from hydra.core.config_store import ConfigStore
     from omegaconf import OmegaConf
 
     from tspbench.hydra_conf import CONF_DIR

@@ -5,16 +5,17 @@
 
 or `python -m tspbench.report results/ --out reports/run1.html`. See build.py for the flow.
 """
+from pathlib import Path
+
 from tspbench.report.build import build_report
 
 __all__ = ["build_report", "finish"]
 
 
-def finish(results: "list[str | Path]", name: str) -> "Path | None":
+def finish(results: list[str | Path], name: str) -> Path:
     """End of an experiment or sweep: build the report, print the claims our results reproduce (the
     Markdown export's rows with a number in "ours") and the report's path."""
     import time
-    from pathlib import Path
 
     from tspbench.report.build import REPORTS_DIR
 

@@ -13,7 +13,6 @@ their (replicated) weights get identical gradients and need no reduction.
 """
 from __future__ import annotations
 
-import torch
 import torch.nn.functional as F
 from torch import nn
 
