@@ -13,19 +13,22 @@ Parameters (Llama block, SwiGLU, RMSNorm, untied LM head, tsp-method.md §4):
     sharded     W / T for tp, tp_msp, tp_sp;  W / D for tsp;  not at all for sp (weights replicated)
 
 Model state bytes per parameter k (AdamW): dtype weights + grad_dtype grads + fp32 m, v (+ fp32 master when
-the weights are 16-bit and master_fp32): bf16 → 2 + 2 + 8 + 4 = 16; with fp32 grads 18 (Megatron).
+the weights are 16-bit and master_fp32): bf16 → 2 + 2 + 8 + 4 = 16; with fp32 grads 18 (Megatron). Without
+master_fp32, m and v are in the parameter dtype, as torch's AdamW keeps them (bf16: 2 + 2 + 4 = 8).
 
-Activations (Korthikanti et al. 2022, Table 2, re-derived for a Llama block with flash/SDPA attention, so
-no 5·a·s² softmax term and no dropout masks). Elements saved per token per layer:
-    token-wise, replicated over the TP axis     4h   = attn-norm input, QKV input, MLP-norm input, MLP input
-    head/channel-sharded over the TP axis       (1 + 2/g)·h [Q, K, V saved by SDPA] + h [attention output]
-                                                + 4·ffn [gate, up, silu(gate), gate·up as saved by eager autograd]
-    (+ n_h fp32 log-sum-exp values)
-For h = 4096, g = 1, ffn = 4h this is 48·s·b·h bytes in bf16 (Korthikanti's 34 assumes a GeLU MLP with
-dropout). Token-wise tensors are divided by Σ (sp, tp_sp) or D (tsp) and, for tp_msp (Megatron-SP), the
-replicated part by T; sharded tensors are divided by T (tp, tp_msp, tp_sp). A TSP rank applies every weight
-shard to its own tokens, so all of its terms are simply ÷D. Full recompute keeps only each layer's input
-(h per local token), Korthikanti's 2·s·b·h, and rebuilds one layer at a time in backward.
+Memory (`memory_phases`, `memory_breakdown`): the peak of one step of tspbench's own code, as a maximum over
+the moments where it can fall (loss backward, the first and last layer's backward, embedding backward,
+gradient sync, optimizer step), each with its live categories. The terms are read off the code and checked
+against the fake-tensor estimate (tspbench/estimate.py, which runs the scheme code itself on the target
+shapes): it agrees to < 0.1% for llama7b, 16K and 128K, D = 8, every scheme, and to a few % on small GQA
+models, B > 1, fp32 and dp > 1 (tests/test_estimate.py). Per layer without recompute a rank saves (per
+token of its residual stream / GEMM input, b = dtype bytes): two RMSNorms at 4h + b·h bytes (fp32 input
+copy + normalised tensor), the attention input h·b, Q h/T·b, K and V 2h/(gT)·b (full-sequence copies after
+a K/V all-gather), the output h/T·b (twice on the zigzag path), fp32 log-sum-exp and RoPE tables, the MLP
+input h·b and gate, silu, up, product 4·ffn/T·b; TSP checkpoints its owner steps and its MLP ring, so it
+keeps only the two norms, the attention and MLP inputs and the packed attention shard. Full recompute
+keeps each block's input (h·b per residual token) and rebuilds one block in backward. Korthikanti et al.'s
+34·s·b·h (GeLU MLP, dropout, no fp32 norm copies) does not describe this code.
 """
 from __future__ import annotations
 
@@ -101,7 +104,10 @@ def state_bytes_per_param(dtype: str = "bfloat16", optimizer: str = "adamw", mas
     if mode == "forward":
         return {"params": BYTES[dtype], "grads": 0, "optimizer": 0}
     if optimizer == "adamw":
-        opt = 8 + (4 if master_fp32 and BYTES[dtype] < 4 else 0)    # fp32 m, v (+ fp32 master copy)
+        if master_fp32 and BYTES[dtype] < 4:
+            opt = 12                                                 # fp32 master copy + fp32 m, v
+        else:
+            opt = 2 * BYTES[dtype]                                   # torch AdamW: m, v in the parameter dtype
     elif optimizer == "sgd":
         opt = 0                                                      # plain SGD keeps no state
     else:
@@ -110,90 +116,276 @@ def state_bytes_per_param(dtype: str = "bfloat16", optimizer: str = "adamw", mas
 
 
 # ---------------------------------------------------------------------------------------------- memory
-def activation_elems_per_token(model: ModelConfig) -> tuple[float, float]:
-    """(replicated-over-TP, head/channel-sharded) elements saved per token per layer (module docstring)."""
-    h, g = model.dim, model.gqa_ratio
-    replicated = 4 * h                                       # 2 norm inputs + QKV input + MLP input
-    sharded = (1 + 2 / g) * h + h + 4 * model.ffn_hidden     # Q,K,V + attn out + gate, up, silu, product
-    return replicated, sharded
+# Every term below is what tspbench's code allocates (checked op by op against the fake-tensor estimate,
+# tspbench/estimate.py, which runs the scheme code itself): `b` = bytes of the run dtype, `bg` of the
+# gradients, per-token sizes are per rank. SDPA is the GPU flash kernel (memory-efficient for fp32): it saves
+# Q, K, V, the output and an fp32 log-sum-exp, nothing S×S.
+@dataclass(frozen=True)
+class Geometry:
+    """What one rank of a scheme runs on (tokens and head/channel split), as in tspbench.schemes."""
+
+    n_res: float      # tokens of the residual stream: norms, residual adds, block inputs
+    n_gemm: float     # tokens entering the attention / MLP GEMMs (tp_msp all-gathers them to B·S)
+    n_loss: float     # tokens through the final norm, LM head and loss
+    t: int            # head / channel split of the block weights (tsp: handled whole-layer, see below)
+    kv_tokens: float  # tokens of the K/V a rank attends with after the exchange (0: its own, no exchange)
+    chunked: bool     # attention via layout.attend_shard: per-chunk SDPA + cat, so W_O saves a flattened copy
+    gathered_inputs: bool  # the GEMM inputs are all-gather outputs (tp_msp): communication buffers
+    batch: int = 1    # micro-batch B (tp_msp with B > 1: see `gemm_input_copies`)
+
+    def gemm_input_copies(self, n_proj: int) -> int:
+        """Copies of a GEMM input the projections save. tp_msp with B > 1: the all-gather runs on [S, B, h]
+        and hands back a non-contiguous [B, S, h] view, so each of the n_proj projections (Q, K, V or gate,
+        up) flattens and saves its own contiguous copy (the gathered buffer itself is then not kept)."""
+        return n_proj if self.gathered_inputs and self.batch > 1 else 1
+
+
+def geometry(par: ParallelConfig, seq_len: int, batch: int) -> Geometry:
+    n, d, s = batch * seq_len, par.degree, par.scheme
+    if s == "single":
+        return Geometry(n, n, n, 1, 0, False, False, batch)
+    if s == "tp":
+        return Geometry(n, n, n, d, 0, False, False, batch)
+    if s == "tp_msp":
+        return Geometry(n / d, n, n / d, d, 0, False, True, batch)
+    if s == "sp":
+        return Geometry(n / d, n / d, n / d, 1, n, True, False, batch)
+    if s == "tp_sp":
+        t, sig = par.tp_degree, par.sp_degree
+        return Geometry(n / sig, n / sig, n / sig, t, n if sig > 1 else 0, True, False, batch)
+    if s == "tsp":
+        return Geometry(n / d, n / d, n / d, 1, n, True, False, batch)
+    raise ValueError(f"scheme={s!r} is unknown")
+
+
+def norm_saved_per_token(model: ModelConfig, b: int) -> float:
+    """RMSNorm: the fp32 input (a float() copy for 16-bit dtypes, the input itself in fp32), the normalised
+    tensor in the run dtype and the fp32 rsqrt (model.RMSNorm saves these three)."""
+    return 4 * model.dim + b * model.dim + 4
+
+
+def attention_saved_bytes(model: ModelConfig, par: ParallelConfig, seq_len: int, batch: int,
+                          dtype: str = "bfloat16") -> float:
+    """Attention sub-block, bytes saved for backward per layer (attention norm excluded).
+
+    Non-TSP schemes: the projections' input (h), Q after RoPE (h/T), K after RoPE and V (2h/(gT) per token,
+    on the full sequence when exchanged, since the un-zigzagged all-gather is what SDPA saves), the output
+    (h/T; twice for attend_shard, whose cat + flatten makes the copy W_O saves), the fp32 log-sum-exp (n_h/T)
+    and the RoPE cos/sin tables (d per position). TSP checkpoints every owner step, so only the step's input (h) and the
+    packed own attention shard ((2 + 2/g)·h²/D) stay alive.
+    """
+    geo, b, h, g = geometry(par, seq_len, batch), BYTES[dtype], model.dim, model.gqa_ratio
+    if par.scheme == "tsp":
+        attn_w = h * model.head_dim * (2 * model.n_heads + 2 * model.n_kv_heads) / par.degree
+        return geo.n_gemm * h * b + attn_w * b
+    na, t = geo.n_gemm, geo.t
+    kv_tok = geo.kv_tokens or na
+    return (geo.gemm_input_copies(3) * na * h * b + na * h / t * b + 2 * kv_tok * h / (g * t) * b
+            + na * h / t * b * (2 if geo.chunked else 1) + na * model.n_heads / t * 4
+            + na / geo.batch * model.head_dim * b)                    # cos/sin: per position, not per sequence
+
+
+def mlp_saved_bytes(model: ModelConfig, par: ParallelConfig, seq_len: int, batch: int,
+                    dtype: str = "bfloat16") -> float:
+    """MLP sub-block: its input (h) and gate, silu(gate), up, product (4·ffn/T) per token; TSP's ring
+    keeps only its input (each shard's intermediate is recomputed in backward)."""
+    geo, b, h = geometry(par, seq_len, batch), BYTES[dtype], model.dim
+    if par.scheme == "tsp":
+        return geo.n_gemm * h * b
+    return geo.gemm_input_copies(2) * geo.n_gemm * h * b + 4 * geo.n_gemm * model.ffn_hidden / geo.t * b
 
 
 def layer_activation_bytes(model: ModelConfig, par: ParallelConfig, seq_len: int, batch: int,
                            dtype: str = "bfloat16") -> float:
-    """Everything one block saves for backward on one rank, without recompute."""
-    lay, b = layout(par), BYTES[dtype]
-    tokens = batch * seq_len / lay.seq_div
-    rep, shard = activation_elems_per_token(model)
-    lse_bytes = tokens * model.n_heads / lay.head_div * 4    # fp32 log-sum-exp from flash/SDPA
-    return tokens * (rep / lay.rep_div + shard / lay.head_div) * b + lse_bytes
+    """Everything one block saves for backward on one rank, without recompute: two norms, attention, MLP."""
+    geo, b = geometry(par, seq_len, batch), BYTES[dtype]
+    return (2 * geo.n_res * norm_saved_per_token(model, b) + attention_saved_bytes(model, par, seq_len, batch, dtype)
+            + mlp_saved_bytes(model, par, seq_len, batch, dtype))
 
 
-def comm_buffer_bytes(model: ModelConfig, par: ParallelConfig, seq_len: int, batch: int,
-                      dtype: str = "bfloat16") -> float:
-    """Largest transient communication buffers of one layer (tsp-method.md §4 table, last column)."""
-    lay, b, h, g = layout(par), BYTES[dtype], model.dim, model.gqa_ratio
-    tokens = batch * seq_len
-    s = par.scheme
-    if s == "tp":
-        return tokens * h * b                                       # all-reduce of the row-parallel output
-    if s == "tp_msp":
-        return tokens * h * b                                       # all-gathered full-sequence GEMM input
-    if s == "sp":
-        return 2 * tokens * (h / g) * b                             # all-gathered full K/V
-    if s == "tp_sp":
-        tp_ar = tokens / lay.sp * h if lay.tp > 1 else 0.0          # TP all-reduce on the local tokens
-        kv = 2 * tokens * h / (g * lay.tp) if lay.sp > 1 else 0.0   # full-sequence K/V of the local heads
-        return (tp_ar + kv) * b
-    if s == "tsp":
-        d, ffn = par.degree, model.ffn_hidden
-        attn_shard = (2 + 2 / g) * h * h / d                        # packed W_Q, W_K, W_V, W_O of one owner
-        ring = 2 * 3 * ffn * h / d                                  # two MLP ring buffers (double buffering)
-        kv = 2 * tokens * (h / g) / d                               # gathered K/V of one owner's heads
-        return (attn_shard + ring + kv) * b
-    return 0.0
+def _gathered_saved_bytes(model: ModelConfig, par: ParallelConfig, seq_len: int, batch: int, b: int) -> float:
+    """tp_msp: the all-gathered attention and MLP inputs among a layer's saved tensors (comm buffers)."""
+    geo = geometry(par, seq_len, batch)
+    return 2 * geo.n_gemm * model.dim * b if geo.gathered_inputs and geo.batch == 1 else 0.0
+
+
+def layer_backward_working_set(model: ModelConfig, par: ParallelConfig, seq_len: int, batch: int,
+                               dtype: str = "bfloat16") -> dict[str, float]:
+    """The largest moment of one block's backward, beyond the stored state (read off the code's backward):
+
+    mlp   during the MLP backward, with the whole layer's saved tensors alive. Non-TSP: the incoming
+          gradient on the GEMM tokens (all-gathered in tp_msp) + d(gate·up) (ffn/T) + the W_down gradient
+          slice, or gradients of gate and up (2·ffn/T), whichever is larger, + the residual-stream gradient.
+          TSP's ring backward: 7 token-wise h-vectors (dx accumulator, the shard's dx pieces, residual
+          gradients) and 7 packed MLP shards 3·ffn·h/D (weight buffer + next, gradient accumulator + incoming,
+          the shard's packed and unpacked partial dW).
+    norm  during the MLP-norm backward, with the attention part of the layer alive: RMSNorm's backward in
+          fp32 holds 6 fp32 copies of its input (the saved fp32 input, the upcast gradient and the product /
+          reduction terms), plus the residual-stream gradient; the layer's MLP weight gradients exist by then.
+    Returns the two moments' extra bytes ("mlp", "norm"), the saved part alive at each ("mlp_saved",
+    "norm_saved") and their communication-buffer parts.
+    """
+    geo, b, h, ffn = geometry(par, seq_len, batch), BYTES[dtype], model.dim, model.ffn_hidden
+    norm_tok = norm_saved_per_token(model, b)
+    attn = attention_saved_bytes(model, par, seq_len, batch, dtype)
+    layer = layer_activation_bytes(model, par, seq_len, batch, dtype)
+    res_grad = geo.n_res * h * b
+    if par.scheme == "tsp":
+        packed = 3 * ffn * h / par.degree * b
+        mlp, mlp_comm = 7 * geo.n_res * h * b + 7 * packed, 4 * packed
+    else:
+        ffn_a = geo.n_gemm * ffn / geo.t * b
+        d_out = geo.n_gemm * h * b
+        copies = geo.gemm_input_copies(2)                      # tp_msp, B > 1: + a contiguous copy of dY
+        after_down = copies * d_out + ffn_a + ffn / geo.t * h * b   # dY, d(gate·up), dW_down
+        after_mul = 2 * ffn_a                                  # d(silu(gate)), d(up)
+        mlp = max(after_down, after_mul) + copies * res_grad
+        # tp_msp: dY is the all-gather of the output gradient (B = 1: the residual gradient is its reduce-scatter)
+        mlp_comm = 0.0
+        if geo.gathered_inputs and after_down >= after_mul:
+            mlp_comm = d_out + (res_grad if copies == 1 else 0.0)
+    return {"mlp": mlp, "mlp_saved": layer, "mlp_comm": mlp_comm,
+            "norm": geo.n_res * (6 * 4 * h + h * b), "norm_saved": geo.n_res * norm_tok + attn, "norm_comm": 0.0}
+
+
+def head_saved_bytes(model: ModelConfig, par: ParallelConfig, seq_len: int, batch: int,
+                     dtype: str = "bfloat16") -> float:
+    """Final norm, the LM-head input and the fp32 log-softmax output cross-entropy saves (replicated LM head
+    on each rank's loss tokens)."""
+    geo, b = geometry(par, seq_len, batch), BYTES[dtype]
+    return geo.n_loss * (norm_saved_per_token(model, b) + model.dim * b + model.vocab_size * 4)
+
+
+def largest_param_elems(model: ModelConfig, par: ParallelConfig) -> float:
+    """The biggest single parameter a rank holds (its optimizer update's transient is per parameter)."""
+    lay = layout(par)
+    return max(model.vocab_size * model.dim, model.ffn_hidden * model.dim / lay.weight_div,
+               model.n_heads * model.head_dim * model.dim / lay.weight_div)
+
+
+def grad_sync_bucket_elems(model: ModelConfig, par: ParallelConfig) -> float:
+    """Elements `ParallelModel.finish_grad_sync` concatenates at once: the in-group bucket (one flat copy of
+    the gradients that need summing), and with dp > 1 the data-parallel bucket of all gradients while the
+    previous flat buffer is still bound."""
+    n_group, _ = grad_sync_group(model, par)
+    if par.dp > 1:
+        return n_group + params_per_device(model, par)
+    return n_group
+
+
+def memory_phases(model: ModelConfig, par: ParallelConfig, seq_len: int, batch: int, *, mode: str = "train",
+                  dtype: str = "bfloat16", optimizer: str = "adamw", master_fp32: bool = True,
+                  grad_dtype: str | None = None, kv_cache: bool = True) -> dict[str, dict[str, float]]:
+    """Bytes per device at each phase's peak of one training step (or forward), by category.
+
+    Train. The optimizer state exists throughout (steady state); gradients start as None (zero_grad with
+    set_to_none) and appear layer by layer in backward. Phases (the moments tspbench.estimate reports):
+        backward   loss backward: every stored activation (L layers + head) + two fp32 [tokens, V] gradients
+        bwd_first  the last layer's backward: L layers' stored activations + the LM-head gradient + one
+                   layer's backward working set (with full recompute: that layer's recomputed activations too)
+        bwd_last   layer 0's backward: one layer's stored activations + every gradient but layer 0's and the
+                   embedding's + the working set (layers in between are linear between the two)
+        embed_bwd  embedding backward: the incoming gradient and the dense embedding gradient
+        grad_sync  finish_grad_sync's flat bucket(s)
+        optimizer  AdamW: one fp32 gradient copy of the largest parameter (master_fp32: per-parameter upcast +
+                   fused update) or two parameter-sized temporaries (torch's single-tensor AdamW)
+    The forward phases are below `backward` (which holds every stored activation plus the loss gradients).
+    Forward (no grad): the LM head (logits, their fp32 copy and the log-softmax output) or one layer's
+    working set, + a KV cache of K and V per layer when `kv_cache` (prefill; tspbench's forward keeps none).
+    """
+    if mode not in ("train", "forward"):
+        raise ValueError(f"mode={mode!r} is unknown; allowed: train, forward")
+    geo, b, h, L = geometry(par, seq_len, batch), BYTES[dtype], model.dim, model.n_layers
+    k = state_bytes_per_param(dtype, optimizer, master_fp32, grad_dtype, mode)
+    n_dev = params_per_device(model, par)
+    bg = k["grads"]
+    state = {key: n_dev * k[key] for key in ("params", "optimizer")}
+    zero = dict.fromkeys(MEMORY_KEYS, 0.0)
+
+    def phase(**kv) -> dict[str, float]:
+        out = {**zero, **state, **kv}
+        out["total"] = sum(out[key] for key in MEMORY_KEYS)
+        return out
+
+    if mode == "forward":
+        logits = geo.n_loss * model.vocab_size * (b + (4 if b < 4 else 0) + 4)
+        ffn_a = geo.n_gemm * model.ffn_hidden / geo.t * b
+        if par.scheme == "tsp":
+            ffn_a = geo.n_gemm * model.ffn_hidden / par.degree * b
+        layer = max(geo.n_res * (h * b + 3 * 4 * h),                            # RMSNorm in fp32
+                    geo.n_res * h * b + geo.n_gemm * h * b + 3 * ffn_a,          # SwiGLU: silu(gate), up, product
+                    geo.n_res * h * b + 2 * 2 * (geo.kv_tokens or geo.n_gemm) * h / (model.gqa_ratio * geo.t) * b)
+        kv = (2 * L * geo.n_res * (h / model.gqa_ratio) / (1 if par.scheme == "tsp" else geo.t) * b
+              if kv_cache else 0.0)
+        return {"head": phase(temporaries=logits + geo.n_res * h * b, kv_cache=kv),
+                "layer": phase(temporaries=layer, kv_cache=kv)}
+
+    layer_saved = layer_activation_bytes(model, par, seq_len, batch, dtype)
+    block_in = geo.n_res * h * b
+    stored = block_in if par.recompute == "full" else layer_saved        # per layer, at the end of forward
+    head = head_saved_bytes(model, par, seq_len, batch, dtype)
+    lay = layout(par)
+    g_layer = (layer_weight_params(model) / lay.weight_div + 2 * h) * bg
+    g_mlp = 3 * model.ffn_hidden * h / lay.weight_div * bg
+    g_embed, g_head = model.vocab_size * h * bg, (model.vocab_size * h + h) * bg
+    g_all = n_dev * bg
+    gath = _gathered_saved_bytes(model, par, seq_len, batch, b)
+
+    out = {"backward": phase(activations=L * stored + head, temporaries=2 * geo.n_loss * model.vocab_size * 4)}
+    ws = layer_backward_working_set(model, par, seq_len, batch, dtype)
+    for name, n_stored, grads in (("bwd_first", L, g_head), ("bwd_last", 1, g_all - g_embed - g_layer)):
+        best = None
+        for moment in ("mlp", "norm"):
+            saved, extra, comm = ws[f"{moment}_saved"], ws[moment], ws[f"{moment}_comm"]
+            g = grads + (g_mlp if moment == "norm" else 0.0)
+            if par.recompute == "full":      # the layer's activations are rebuilt in backward: temporaries
+                act = n_stored * stored
+                comm_b = comm + (gath if moment == "mlp" else 0.0)
+                tmp = saved + extra - comm_b
+            else:                            # saved in forward: activations (minus what is already freed)
+                act = (n_stored - 1) * stored + saved
+                if moment == "norm":         # the MLP-norm's saved fp32 input is one of the 6 fp32 copies
+                    act += 4 * h * geo.n_res
+                    extra -= 4 * h * geo.n_res
+                comm_b, tmp = comm, extra - comm
+            p = phase(grads=g, activations=act, temporaries=tmp, comm_buffers=comm_b)
+            if best is None or p["total"] > best["total"]:
+                best = p
+        out[name] = best
+    out["embed_bwd"] = phase(grads=g_all - g_embed, temporaries=geo.n_res * h * b + g_embed)
+    out["grad_sync"] = phase(grads=g_all, comm_buffers=grad_sync_bucket_elems(model, par) * bg)
+    big = largest_param_elems(model, par)
+    opt_tmp = big * 4 if (master_fp32 and b < 4 and optimizer == "adamw") else (2 * big * b if optimizer == "adamw"
+                                                                                else 0.0)
+    out["optimizer"] = phase(grads=g_all, temporaries=opt_tmp)
+    return out
 
 
 def memory_breakdown(model: ModelConfig, par: ParallelConfig, seq_len: int, batch: int, *,
                      mode: str = "train", dtype: str = "bfloat16", optimizer: str = "adamw",
                      master_fp32: bool = True, grad_dtype: str | None = None,
                      kv_cache: bool = True) -> dict[str, float]:
-    """Predicted peak bytes per device, by category, and their sum as `total`.
+    """Predicted peak bytes per device and its breakdown by category (keys MEMORY_KEYS + total): the phase
+    of `memory_phases` with the largest total, i.e. what is live at the step's peak (not the sum of each
+    category's own maximum: weight gradients and stored activations, for instance, peak at different
+    moments). `peak_phase()` names the phase."""
+    phases = memory_phases(model, par, seq_len, batch, mode=mode, dtype=dtype, optimizer=optimizer,
+                           master_fp32=master_fp32, grad_dtype=grad_dtype, kv_cache=kv_cache)
+    best = max(phases.values(), key=lambda p: p["total"])
+    return {key: float(best[key]) for key in (*MEMORY_KEYS, "total")}
 
-    The peak is modelled as the sum of the categories: model state + stored activations + the largest
-    transient (the fp32 logits for the loss, or one layer's working set, whichever is larger) + one layer's
-    communication buffers. `mode="forward"` keeps no grads, optimizer state or stored activations (only one
-    layer's working set and bf16 logits) and, with `kv_cache=True`, a KV cache as in prefill.
-    """
-    if mode not in ("train", "forward"):
-        raise ValueError(f"mode={mode!r} is unknown; allowed: train, forward")
-    lay, b = layout(par), BYTES[dtype]
-    n_dev = params_per_device(model, par)
-    k = state_bytes_per_param(dtype, optimizer, master_fp32, grad_dtype, mode)
-    out = {key: n_dev * k[key] for key in ("params", "grads", "optimizer")}
 
-    layer_bytes = layer_activation_bytes(model, par, seq_len, batch, dtype)
-    loss_tokens = batch * seq_len / lay.loss_div
-    head_input_bytes = 2 * loss_tokens * model.dim * b              # final-norm input + LM-head input
-    if mode == "train":
-        if par.recompute == "full":
-            ckpt_tokens = batch * seq_len / lay.seq_div / lay.rep_div   # each layer's (sharded) input only
-            out["activations"] = model.n_layers * ckpt_tokens * model.dim * b + head_input_bytes
-        else:
-            out["activations"] = model.n_layers * layer_bytes + head_input_bytes
-        logits_bytes = loss_tokens * model.vocab_size * 4           # fp32 logits for the cross-entropy
-        # one layer's transients: its recomputed activations (full) or the gradients flowing back (none)
-        out["temporaries"] = max(logits_bytes, layer_bytes)
-        out["kv_cache"] = 0.0
-    else:
-        out["activations"] = 0.0
-        out["temporaries"] = max(loss_tokens * model.vocab_size * b, layer_bytes)
-        kv_tokens = batch * seq_len / lay.seq_div
-        out["kv_cache"] = (2 * model.n_layers * kv_tokens * (model.dim / model.gqa_ratio) / lay.head_div * b
-                           if kv_cache else 0.0)
-    out["comm_buffers"] = comm_buffer_bytes(model, par, seq_len, batch, dtype)
-    out = {key: float(out[key]) for key in MEMORY_KEYS}
-    out["total"] = sum(out.values())
-    return out
+def peak_phase(model: ModelConfig, par: ParallelConfig, seq_len: int, batch: int, **kw) -> str:
+    """Name of the phase `memory_breakdown` reports."""
+    phases = memory_phases(model, par, seq_len, batch, **kw)
+    return max(phases, key=lambda k: phases[k]["total"])
+
+
+def comm_buffer_bytes(model: ModelConfig, par: ParallelConfig, seq_len: int, batch: int,
+                      dtype: str = "bfloat16") -> float:
+    """Communication buffers live at one layer's backward peak (mlp moment; full recompute)."""
+    ws = layer_backward_working_set(model, par, seq_len, batch, dtype)
+    return ws["mlp_comm"] + _gathered_saved_bytes(model, par, seq_len, batch, BYTES[dtype])
 
 
 # ---------------------------------------------------------------------------------------------- comm
@@ -246,8 +438,8 @@ def grad_sync_group(model: ModelConfig, par: ParallelConfig, layers: int | None 
 
     Ranks that see different tokens produce different partial gradients of a weight they share:
     sp all-reduces every gradient over Σ; tp_sp the T-sharded weights and replicated ones over Σ; tsp the
-    replicated norm/embedding/LM-head weights over D; tp_msp the norm weights over T (tokens differ in the
-    norms). tp and single need none (all TP ranks see the same tokens).
+    replicated norm/embedding/LM-head weights over D; tp_msp the same over T (norms, embedding and LM head
+    run on each rank's S/T tokens). tp and single need none (all TP ranks see the same tokens).
     """
     lay, s = layout(par), par.scheme
     n_layers = model.n_layers if layers is None else layers
@@ -255,8 +447,8 @@ def grad_sync_group(model: ModelConfig, par: ParallelConfig, layers: int | None 
         return n_layers * layer_weight_params(model) / lay.tp + replicated_params(model, layers), lay.sp
     if s == "tsp":
         return replicated_params(model, layers), par.degree
-    if s == "tp_msp":
-        return 2 * model.dim * n_layers, par.degree
+    if s == "tp_msp":       # the norms, embedding and LM head all run on each rank's own S/T tokens
+        return replicated_params(model, layers), par.degree
     return 0.0, 1
 
 

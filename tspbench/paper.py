@@ -10,12 +10,16 @@ Memory setting. One setting for every scheme, chosen by `memory_setting_scan()` 
 options (k = 16 or 18 bytes/param, recompute none or full, GB or GiB) and never by adding terms:
     AdamW, bf16 weights and grads, fp32 master + m + v (k = 16), full activation recompute, micro-batch 1,
     published figures read as decimal GB.
-Recompute "none" is ruled out by the data (TSP at 128K would need ~133 GB, TP ~269 GB, against 38.8 and
-70.0). The four full-recompute variants (k = 16/18 × GB/GiB) land within 13–14% mean |deviation| of each
-other, which does not discriminate between them, so we keep the a-priori choice: k = 16 (tsp-method.md §4;
-bf16 grads) and GB, the unit the claims are quoted in. Under it the 85.0 GB figure is closest to TP×SP
-T=2×Σ=4 and 140.0 GB to pure SP (T=1×Σ=8), as tsp-method.md §4 guessed; TSP's two cells stay ~8.5–9 GB
-low at both lengths (the 16K→128K growth matches), which no honest setting removes.
+The memory model (`costmodel.memory_breakdown`) is the peak of one training step of tspbench's own code,
+phase by phase, and agrees with the fake-tensor estimate of that code (tspbench.estimate) to < 1% for every
+scheme here. Recompute "none" is ruled out by the data (TSP at 128K would need ~60 GB, TP ~435 GB, against
+38.8 and 70.0). The four full-recompute variants (k = 16/18 × GB/GiB) land within 21–25% mean |deviation|
+of each other, which does not discriminate between them, so we keep the a-priori choice: k = 16
+(tsp-method.md §4; bf16 grads) and GB, the unit the claims are quoted in. Under it the 85.0 GB figure is
+closest to TP×SP T=2×Σ=4 and 140.0 GB to pure SP (T=1×Σ=8), as tsp-method.md §4 guessed; TSP's two cells
+stay ~9 GB low at both lengths (the 16K→128K growth matches), which no honest setting removes; TP at 128K
+is far above 70.0 GB because tspbench's TP runs the replicated LM head and its fp32 cross-entropy on all
+B·S tokens of every rank (see `_explain`).
 """
 from __future__ import annotations
 
@@ -27,7 +31,8 @@ import pandas as pd
 from tspbench.claims import load_claims
 from tspbench.config import ModelConfig, ParallelConfig
 from tspbench.costmodel import (cluster_throughput, comm_per_layer, crossover_tokens, flops_per_token,
-                                load_hardware, memory_breakdown, non_embedding_params)
+                                geometry, grad_sync_bucket_elems, load_hardware, memory_breakdown,
+                                non_embedding_params, peak_phase)
 
 LLAMA7B = ModelConfig(name="llama7b", vocab_size=32000, dim=4096, n_layers=32, n_heads=32, n_kv_heads=32,
                       ffn_hidden=16384)
@@ -116,6 +121,21 @@ def _explain(row: pd.Series, df: pd.DataFrame) -> str:
                 f"{other.claim - other.predicted:.1f} at the other length, while the 16K→128K growth matches; "
                 "the published TSP figure holds a fixed term this model lacks (allocator reserve, RCCL/workspace "
                 "buffers, cached weight shards or full-size weight-grad buffers in backward; A7, A15). ")
+    unit = UNIT_BYTES["GiB" if any(k.endswith("_gib") for k in row.index) else "GB"]
+    uname = "GiB" if unit == UNIT_BYTES["GiB"] else "GB"
+    par = ParallelConfig(scheme=row.scheme, degree=DEGREE, tp=int(row.tp) if row.scheme == "tp_sp" else 0,
+                         recompute=PAPER_MEMORY_SETTING.recompute)
+    if row.scheme == "tp" and row.predicted > row.claim:
+        n_loss = geometry(par, int(row.seq_len), PAPER_MEMORY_SETTING.batch).n_loss
+        ce = 3 * n_loss * LLAMA7B.vocab_size * 4 / unit
+        return (f"tspbench's TP replicates the LM head and runs the fp32 cross-entropy on all B·S tokens of every "
+                f"rank: the saved log-softmax and two fp32 gradients, 3·B·S·V·4 bytes = {ce:.1f} {uname}, are live at "
+                "the peak (loss backward); a vocabulary-parallel cross-entropy (Megatron) would divide them by T. ")
+    if row.scheme == "tp_sp" and row.predicted > row.claim and peak_phase(LLAMA7B, par, int(row.seq_len),
+                                                                          PAPER_MEMORY_SETTING.batch) == "grad_sync":
+        bucket = grad_sync_bucket_elems(LLAMA7B, par) * 2 / unit
+        return (f"The peak is finish_grad_sync's flat all-reduce bucket, a full copy of every replicated weight's "
+                f"gradient ({bucket:.1f} {uname}); an in-place or bucketed all-reduce would remove it. ")
     if row.scheme == "tp" and row.seq_len == SEQ_16K:
         keys = [k for k in row.index if k.split("_")[0] in ("params", "grads", "optimizer")]
         unit = "GiB" if keys[0].endswith("gib") else "GB"

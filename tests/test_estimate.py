@@ -1,0 +1,158 @@
+"""The fake-tensor estimate (tspbench.estimate) against real runs and against the closed-form cost model.
+
+(a) estimate vs real: the same driver and tracker on real tensors (gloo ranks) and on fake tensors under the
+    fake process group give the same peak memory, breakdown and FLOPs (±5%; in practice byte-exact except
+    for buffers gloo holds a little longer);
+(b) the collectives the estimate counts for layer 0 are exactly those of the real run (CommLog records);
+(c) costmodel.memory_breakdown is within ±5% of the estimate, in total and per category (a category's error
+    is measured against the total: a 0.4 GB buffer in a 22 GB peak cannot be held to ±5% of itself), for
+    every scheme on a GQA model at 2K tokens and for llama7b at 128K, D = 8 (the paper setting);
+(d) llama7b at 128K, D = 8 estimates in seconds; the 3+4-layer extrapolation equals tracing every layer.
+
+Cost-model comparisons of schemes with sharded weights are marked xfail while
+`tspbench.schemes.base.slice_param` keeps the whole unsharded weight alive (see `SLICE_KEEPS_FULL_WEIGHT`):
+the estimate measures the code as it is, the cost model describes the intended 1/T shard.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import replace
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from tspbench.config import ModelConfig, ParallelConfig
+from tspbench.costmodel import memory_breakdown, params_per_device
+from tspbench.estimate import CATEGORIES, estimate, estimate_summary, measure
+from tspbench.paper import LLAMA7B, PAPER_MEMORY_SETTING
+
+TINY = ModelConfig()                                   # dim 64, 2 layers, 4 heads, vocab 256
+GQA = ModelConfig(name="gqa", vocab_size=2000, dim=256, n_layers=6, n_heads=8, n_kv_heads=4, ffn_hidden=1024)
+S128K = 131072
+REAL_CASES = [("tp", "none"), ("tsp", "none"), ("tsp", "full"), ("sp", "none"), ("tp_msp", "full")]
+
+
+def _slice_keeps_full_weight() -> bool:
+    from tspbench.schemes.base import slice_param
+    p = slice_param("layers.0.attention.wq", (8, 4), 0, 1, 2, 0, torch.float32, "cpu")
+    return p.untyped_storage().nbytes() > p.numel() * p.element_size()
+
+
+SLICE_KEEPS_FULL_WEIGHT = _slice_keeps_full_weight()
+SLICE_REASON = ("schemes.base.slice_param: .contiguous() of a dim-0 chunk is a view, so the parameter keeps the "
+                "full unsharded weight's storage alive; the cost model describes the 1/T shard (.clone())")
+
+
+def _within(model: dict, est: dict, tol: float = 0.05) -> list[str]:
+    """The total and the categories whose model/estimate difference exceeds tol × the estimated total."""
+    keys = ("total", *CATEGORIES)
+    return [f"{k} {model[k] / 1e9:.3f} vs {est[k] / 1e9:.3f} GB" for k in keys
+            if abs(model[k] - est[k]) > tol * est["total"]]
+
+
+# ---------------------------------------------------------------------------------------------- (a), (b)
+@pytest.fixture(scope="module")
+def real_runs():
+    cases = [(TINY, ParallelConfig(scheme=s, degree=2, recompute=rc), 64, 1, "train", "float32")
+             for s, rc in REAL_CASES]
+    return dict(zip(REAL_CASES, measure(cases)))
+
+
+@pytest.mark.parametrize("scheme,recompute", REAL_CASES)
+def test_estimate_matches_real_run(real_runs, scheme, recompute):
+    real = real_runs[(scheme, recompute)]
+    est = json.loads(json.dumps(estimate_summary(TINY, ParallelConfig(scheme=scheme, degree=2, recompute=recompute),
+                                                 64, 1, dtype="float32", attention="native")))
+    assert not _within(real["mem"], est["mem"]), _within(real["mem"], est["mem"])
+    assert est["mem"]["params"] == real["mem"]["params"] and est["mem"]["optimizer"] == real["mem"]["optimizer"]
+    assert est["flops"] == pytest.approx(real["flops"], rel=0.05) and est["flops"] > 0
+    # (b) the collectives of layer 0, one by one: op, phase, group, numel, received, bytes, recompute
+    assert est["comm_ops"] == real["comm_ops"] and est["comm"] == real["comm"]
+    assert est["comm"]["comm_elems_per_layer_fwd"] > 0
+
+
+def test_comm_counts_are_not_vacuous(real_runs):
+    # tsp's layer 0 issues D broadcasts, D all-gathers and D−1 ring hops forward (tsp-method.md §5)
+    ops = [tuple(o) for o in real_runs[("tsp", "none")]["comm_ops"] if o[1] == "fwd" and not o[6]]
+    assert [o[0] for o in ops].count("broadcast") == 2 and [o[0] for o in ops].count("all_gather") == 2
+    assert [o[0] for o in ops].count("send_recv") == 1
+
+
+# ---------------------------------------------------------------------------------------------- (c)
+@pytest.mark.parametrize("scheme,tp,recompute", [
+    ("tsp", 0, "full"), ("tp", 0, "full"), ("tp_msp", 0, "full"), ("sp", 0, "full"), ("tp_sp", 2, "full"),
+    ("tsp", 0, "none"), ("tp_msp", 0, "none"), ("tp_sp", 2, "none")])
+def test_costmodel_matches_estimate_gqa(scheme, tp, recompute):
+    if scheme != "sp" and SLICE_KEEPS_FULL_WEIGHT:
+        pytest.xfail(SLICE_REASON)
+    par = ParallelConfig(scheme=scheme, degree=4, tp=tp, recompute=recompute)
+    est = estimate(GQA, par, 2048, 1, dtype="bfloat16")
+    model = memory_breakdown(GQA, par, 2048, 1, dtype="bfloat16")
+    assert est["provenance"]["extrapolated"]                      # 6 layers: traced 3 and 4
+    assert not _within(model, est["mem_bytes"]), _within(model, est["mem_bytes"])
+
+
+@pytest.fixture(scope="module")
+def llama_128k():
+    """The paper setting (bf16, AdamW with fp32 master/m/v, full recompute, B = 1), D = 8, 128K tokens."""
+    out = {}
+    for scheme in ("tsp", "tp"):
+        par = ParallelConfig(scheme=scheme, degree=8, recompute=PAPER_MEMORY_SETTING.recompute)
+        t0 = time.perf_counter()
+        rec = estimate(LLAMA7B, par, S128K, PAPER_MEMORY_SETTING.batch, hardware="h100")
+        out[scheme] = (par, rec, time.perf_counter() - t0)
+    return out
+
+
+@pytest.mark.parametrize("scheme", ["tsp", "tp"])
+def test_costmodel_matches_estimate_llama7b_128k(llama_128k, scheme):
+    if SLICE_KEEPS_FULL_WEIGHT:
+        pytest.xfail(SLICE_REASON)
+    par, rec, _ = llama_128k[scheme]
+    model = memory_breakdown(LLAMA7B, par, S128K, 1)
+    assert not _within(model, rec["mem_bytes"]), _within(model, rec["mem_bytes"])
+
+
+def test_llama7b_128k_record_and_speed(llama_128k):
+    par, rec, wall = llama_128k["tsp"]
+    m = rec["metrics"]
+    # seconds, not minutes: tsp is the slowest scheme to trace (D owner steps per layer). CPU time of this
+    # process, so other jobs on a loaded CI machine do not fail it (wall time is in the message).
+    assert m["estimate_cpu_s"] < 30, f"llama7b 128K D=8 tsp: {m['estimate_cpu_s']:.1f} CPU s, {wall:.1f} s wall"
+    assert rec["method"] == "estimated" and rec["status"] in ("ok", "oom") and rec["world_size"] == 8
+    assert (rec["scheme"], rec["degree"], rec["tp_degree"], rec["sp_degree"], rec["seq_len"]) == ("tsp", 8, 8, 8, S128K)
+    assert rec["model_cfg"]["dim"] == 4096 and rec["recompute"] == "full" and rec["dtype"] == "bfloat16"
+    assert m["mem_total_gib"] == pytest.approx(sum(m[f"mem_{c}_gib"] for c in CATEGORIES))
+    # the optimizer holds fp32 master + m + v = 12 B for each of this rank's parameters
+    assert m["mem_optimizer_gib"] * 2**30 == pytest.approx(12 * params_per_device(LLAMA7B, par))
+    # one layer's forward traffic is the §5 formula: weights (D−1)/D·W + K/V 2·S·h/g·(D−1)/D, bf16
+    w = 16 * 4096**2
+    assert m["comm_elems_per_layer_fwd"] == pytest.approx(w * 7 / 8 + 2 * S128K * 4096 * 7 / 8)
+    assert m["comm_bytes_per_layer_fwd"] == pytest.approx(2 * m["comm_elems_per_layer_fwd"])
+    assert m["flops_per_token"] == pytest.approx(m["flops_per_step"] * 8 / S128K)
+    # TP at 128K keeps the fp32 cross-entropy of all 131072 tokens on every rank: > an H100's 80 GB
+    tp = llama_128k["tp"][1]
+    assert tp["status"] == "oom" and "h100" in tp["reason"]
+    assert not dist.is_initialized()                             # the fake process group is gone
+
+
+# ---------------------------------------------------------------------------------------------- (d)
+@pytest.mark.parametrize("scheme,recompute", [("tsp", "full"), ("tp_msp", "none")])
+def test_layer_extrapolation_is_exact(scheme, recompute):
+    model = replace(GQA, n_layers=5)                  # > 4 layers: "auto" traces 3 and 4 and extrapolates
+    par = ParallelConfig(scheme=scheme, degree=2, recompute=recompute)
+    auto = estimate(model, par, 256, 1, layers="auto")
+    full = estimate(model, par, 256, 1, layers="all")
+    assert auto["provenance"]["extrapolated"] and not full["provenance"]["extrapolated"]
+    assert auto["mem_bytes"] == full["mem_bytes"] and auto["peak_phase"] == full["peak_phase"]
+    assert auto["metrics"]["flops_per_step"] == full["metrics"]["flops_per_step"]
+    assert auto["comm_ops_layer0"] == full["comm_ops_layer0"]
+
+
+def test_estimate_rejects_bad_input():
+    with pytest.raises(ValueError, match="mode"):
+        estimate(TINY, ParallelConfig(scheme="tp", degree=2), 64, 1, mode="decode")
+    with pytest.raises(ValueError, match="divisible"):
+        estimate(TINY, ParallelConfig(scheme="tsp", degree=3), 64, 1)

@@ -1,0 +1,785 @@
+"""Paper scale without GPUs: run the real scheme code on fake tensors and a fake process group.
+
+`estimate(model, par, seq_len, batch, mode=..., dtype=...)` builds the target world (dp × degree ranks) as
+torch's fake process group (`dist.init_process_group("fake", ...)`: every collective is a no-op that
+returns at once) and runs one training step (or one forward) of ONE rank under `FakeTensorMode`: the same
+`build_mesh` → `apply_scheme` → `local_batch` → `loss` → `backward` → `finish_grad_sync` → AdamW as
+tspbench.verify and the worker, at the real shapes, with no real memory and no devices. Ranks of one
+scheme are symmetric (same shapes, same collectives), so one rank stands for all of them.
+
+Per rank it returns peak memory with a category breakdown, FLOPs, and the collectives issued for one
+layer (the CommLog records tagged "layer0", the same records the parity tests assert), as a result record
+(tspbench/results.py) with method "estimated": metrics mem_{params,grads,optimizer,activations,temporaries,
+comm_buffers,total}_gib and peak_allocated_gib (= mem_total_gib) at the step's peak, flops_per_step (this
+rank) and flops_per_token, comm_{elems,bytes}_per_layer_{fwd,bwd} (received by this rank for layer 0, CommLog's
+recv_numel convention; bwd includes collectives replayed by recompute), estimate_wall_s and estimate_cpu_s; top-level
+peak_phase (where the peak falls), mem_bytes (the breakdown in bytes), phase_peak_bytes (every phase's
+peak) and comm_ops_layer0 (op, phase, group size, numel, received elements, bytes, recompute).
+
+Memory (`MemoryTracker`, a TorchDispatchMode that works on real and fake tensors alike). Every op output's
+untyped storage is registered once (views share it) with its byte size and the event clock; a weak
+reference to the storage records the clock of its release. The running total over the measured step is
+the allocated-bytes curve; its maximum is the peak (≈ `torch.cuda.max_memory_allocated`, without the
+allocator's 512-B rounding and without reserved-but-free cache). What is live at the peak is classified by
+ownership, first match wins:
+    params         storages of the model's parameters (a parameter that is a view keeps its whole base
+                   storage alive, and is counted with it)
+    optimizer      AdamW state (+ the fp32 master copies, see below)
+    grads          storages attached as a parameter's .grad (post-accumulate-grad hooks) by that moment
+    activations    allocated during the forward of the measured step and still alive at its end (saved
+                   for backward, held by checkpoint closures, the loss)
+    comm_buffers   storages a c10d collective read or wrote (`torch.ops.c10d.*`: all-gather/reduce-scatter
+                   outputs and staging copies, broadcast and ring buffers) that are not activations
+    temporaries    everything else live at the peak (backward transients, recomputed activations, ...)
+Steady state: the optimizer state is created by an untimed AdamW step on zero gradients before the
+measured step, as it exists from the second training step on; gradients start as None (zero_grad with
+set_to_none, as the worker does).
+
+bf16 and the fp32 master copy (`master_fp32=True`, default for 16-bit dtypes). tspbench keeps parameters
+in the run dtype and the worker's AdamW would keep bf16 m, v. The paper setting (and the cost model, k = 16
+bytes/param) is mixed precision: bf16 weights + bf16 grads, fp32 master weights + fp32 m, v. The estimate
+models it by running a real AdamW (fused kernel) on fp32 master copies of the parameters (category
+optimizer: 12 B/param); at the step each bf16 gradient is upcast one parameter at a time (a transient of
+one fp32 gradient), then the bf16 weight is refreshed from its master. `master_fp32=False` runs AdamW on the
+parameters exactly as the worker does (torch's single-tensor AdamW on CPU tensors).
+
+Attention kernel (`attention=`). Fake tensors live on the CPU device, whose SDPA materialises the
+lower-right causal mask (Lq × Lk bools) and is not what a GPU runs. "gpu" (default unless
+hardware="cpu") routes `F.scaled_dot_product_attention` to the CUDA kernel the dispatcher picks (flash
+attention for 16-bit, memory-efficient attention for fp32; causal and lower-right causal as
+`torch.nn.attention.bias.CausalBias` dispatches them; GQA K/V passed to flash without repetition, repeated
+for memory-efficient attention, which has no GQA): it saves Q, K, V,
+the output and the fp32 log-sum-exp, nothing S×S. "native" keeps the CPU kernels (what a real gloo run
+executes; used by the estimate-vs-real tests).
+
+FLOPs: FlopCounterMode's formulas (`torch.utils.flop_counter.flop_registry`, + the CPU flash-attention
+kernels) applied by the tracker to every op of the measured step (matmuls and attention kernels; the
+attention formula counts the full Lq × Lk rectangle of each call, so a causal chunk that attends to its
+prefix counts the prefix; elementwise ops count 0). Running FlopCounterMode itself as a second mode is
+avoided on purpose: it decomposes ops it has no formula for, which changes the allocations the tracker sees.
+`flops_per_token` = rank FLOPs × degree / (B·S): the replica's hardware FLOPs per token, counting replicated
+work (e.g. TP's LM head) on every rank and recompute.
+
+Speed: every op goes through Python (FakeTensorMode + the tracker), ~10⁴ ops per layer for TSP at D = 8.
+`layers="auto"` therefore traces 3- and 4-layer copies of the model and extrapolates to L layers exactly
+(`extrapolate_layers`: identical layers make every phase's peak, its breakdown and the FLOPs linear in L);
+`layers="all"` traces the whole model (the tests check both agree byte for byte).
+
+What the estimate patches (values are irrelevant for memory and FLOPs; the scheme code paths are not
+changed): `tspbench.schemes.base.init_full_param` returns `torch.empty` (the seeded CPU generator cannot run
+under FakeTensorMode); `tspbench.model.causal_lower_right` returns a `CausalBias` built on an empty tensor
+(torch's constructor allocates a 2·Lq·Lk float32 tensor and cannot run under a dispatch mode); with
+attention="gpu", `torch.nn.functional.scaled_dot_product_attention` (see above). Process group: torch's
+fake backend is initialised for the call and destroyed after it, so `estimate` can be called repeatedly;
+it refuses to run in a process that already has a default process group.
+"""
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+import time
+import warnings
+import weakref
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from tspbench.config import DTYPES, MODES, ModelConfig, ParallelConfig, validate_parallel
+
+GIB = float(2**30)
+CATEGORIES = ("params", "grads", "optimizer", "activations", "temporaries", "comm_buffers")
+INF = sys.maxsize
+
+
+# ------------------------------------------------------------------------------------------- memory
+@dataclass
+class _Storage:
+    nbytes: int
+    t_alloc: int
+    t_free: int = INF
+    t_grad: int = INF          # attached as a parameter's .grad at this clock
+    comm: bool = False         # read or written by a c10d collective
+    owner: str | None = None   # "params" | "optimizer" (fixed ownership)
+
+
+def _flop_registry() -> dict:
+    """torch's FLOP formulas (those of FlopCounterMode) + the CPU flash-attention kernels, which torch's
+    registry lacks, so a real CPU run and a native-kernel estimate count attention too."""
+    from torch.utils.flop_counter import (flop_registry, sdpa_backward_flop_count, sdpa_flop_count,
+                                          shape_wrapper)
+
+    def fwd(query, key, value, *args, out_shape=None, **kwargs) -> int:
+        return sdpa_flop_count(query, key, value)
+
+    def bwd(grad_out, query, key, value, *args, out_shape=None, **kwargs) -> int:
+        return sdpa_backward_flop_count(grad_out, query, key, value)
+
+    aten = torch.ops.aten
+    return {**flop_registry, aten._scaled_dot_product_flash_attention_for_cpu: shape_wrapper(fwd),
+            aten._scaled_dot_product_flash_attention_for_cpu_backward: shape_wrapper(bwd)}
+
+
+class MemoryTracker(TorchDispatchMode):
+    """Live untyped-storage bytes over time and FLOPs, on real or fake tensors (module docstring).
+
+    The clock advances by one per allocation or release; `totals[c]` is the live total after event c.
+    `mark(name)` remembers the clock, so phases (forward, each layer, backward, ...) are clock ranges.
+    FLOPs are counted with FlopCounterMode's formulas while `counting` is set (one mode instead of two:
+    the estimate runs ~10⁵ ops through Python, so every layer of dispatch counts).
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.clock = 0
+        self.total = 0
+        self.totals: list[int] = []
+        self.storages: list[_Storage] = []
+        self.live: dict[int, tuple[_Storage, weakref.ref]] = {}
+        self.marks: dict[str, int] = {}
+        self.flops = 0
+        self.counting = False
+        self._flop_formulas = _flop_registry()
+        # A real backend may drop the last reference to a buffer on its own thread (gloo's work queue), so
+        # the weakref callback can run there: every clock event takes this (re-entrant) lock.
+        self._lock = threading.RLock()
+
+    # -- events -----------------------------------------------------------------------------------
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is _PRIM_DEVICE:                          # most frequent call by far; allocates nothing
+            dev = getattr(args[0], "fake_device", None)
+            return dev if dev is not None else func(*args)
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if func.namespace == "c10d":
+            for t in pytree.tree_leaves((args, kwargs)):
+                if isinstance(t, torch.Tensor):
+                    rec = self.note(t)
+                    if rec is not None:
+                        rec.comm = True
+            return out
+        for t in pytree.tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                self.note(t)
+        if self.counting:
+            formula = self._flop_formulas.get(func._overloadpacket)
+            if formula is not None:
+                self.flops += formula(*args, **kwargs, out_val=out)
+        return out
+
+    def note(self, t: torch.Tensor) -> _Storage | None:
+        """Register t's storage if new (or grown by a resize); return its record."""
+        dev = getattr(t, "fake_device", None) or t.device
+        if dev.type == "meta":                            # the meta model before sharding: no memory
+            return None
+        st = t.untyped_storage()
+        key = id(st)
+        with self._lock:
+            hit = self.live.get(key)
+            nbytes = st.nbytes()
+            if hit is not None:
+                rec = hit[0]
+                if nbytes > rec.nbytes:                   # resized in place: count the growth
+                    self._event(nbytes - rec.nbytes)
+                    rec.nbytes = nbytes
+                return rec
+            rec = _Storage(nbytes, self.clock)
+            self.storages.append(rec)
+            self.live[key] = (rec, weakref.ref(st, lambda _r, key=key: self._release(key)))
+            self._event(nbytes)
+            return rec
+
+    def _release(self, key: int) -> None:
+        with self._lock:
+            hit = self.live.pop(key, None)
+            if hit is not None:
+                hit[0].t_free = self.clock
+                self._event(-hit[0].nbytes)
+
+    def _event(self, delta: int) -> None:
+        self.total += delta
+        self.totals.append(self.total)
+        self.clock += 1
+
+    def mark(self, name: str) -> None:
+        with self._lock:
+            self.marks[name] = self.clock
+
+    def own(self, tensors, owner: str) -> None:
+        for t in tensors:
+            rec = self.note(t)
+            if rec is not None:
+                rec.owner = owner
+
+    def grad_attached(self, grad: torch.Tensor | None) -> None:
+        if grad is not None:
+            rec = self.note(grad)
+            if rec is not None:
+                rec.t_grad = min(rec.t_grad, self.clock)
+
+    # -- results ------------------------------------------------------------------------------------
+    def segments(self, start: str, end: str) -> list[tuple[str, int, int]]:
+        """(mark, first clock, end clock) of every marked phase between marks `start` and `end`."""
+        lo, hi = self.marks[start], self.marks[end]
+        inside = sorted((c, n) for n, c in self.marks.items() if lo <= c < hi and n != end)
+        out = []
+        for k, (c, n) in enumerate(inside):
+            nxt = inside[k + 1][0] if k + 1 < len(inside) else hi
+            out.append((n, c, nxt))
+        return out
+
+    def peak_in(self, lo: int, hi: int, include_before: bool = False) -> tuple[int, int]:
+        """(clock, bytes) of the largest total over events lo … hi−1 (and the state before lo)."""
+        t_peak, best = -1, -1
+        if include_before or lo >= hi:
+            t_peak, best = lo - 1, self.totals[lo - 1] if lo > 0 else 0
+        for c in range(lo, hi):
+            if self.totals[c] > best:
+                t_peak, best = c, self.totals[c]
+        return t_peak, best
+
+    def breakdown_at(self, t: int, fwd: tuple[int, int]) -> dict[str, int]:
+        """Live bytes at clock t by category; `fwd` = clock range of the measured forward."""
+        f0, f1 = fwd
+        out = dict.fromkeys(CATEGORIES, 0)
+        for rec in self.storages:
+            if not (rec.t_alloc <= t < rec.t_free):
+                continue
+            if rec.owner:
+                cat = rec.owner
+            elif rec.t_grad <= t:
+                cat = "grads"
+            elif f0 <= rec.t_alloc < f1 and rec.t_free >= f1:
+                cat = "activations"
+            elif rec.comm:
+                cat = "comm_buffers"
+            else:
+                cat = "temporaries"
+            out[cat] += rec.nbytes
+        total = self.totals[t] if t >= 0 else 0
+        assert sum(out.values()) == total, (sum(out.values()), total)
+        return out
+
+
+_PRIM_DEVICE = torch.ops.prim.device.default
+
+
+# ------------------------------------------------------------------------------------------- attention
+@contextlib.contextmanager
+def gpu_attention():
+    """Route `F.scaled_dot_product_attention` to the CUDA kernels (flash for 16-bit, memory-efficient
+    otherwise) the way `CausalBias` dispatches them on a GPU, so fake CPU tensors allocate what a GPU
+    allocates (no materialised mask, no S×S scores). Only causal calls (is_causal or a CausalBias) are
+    rerouted; anything else runs unchanged. The module attribute is patched (a TorchFunctionMode would
+    not be active in the recompute that activation checkpointing runs inside backward)."""
+    real = F.scaled_dot_product_attention
+
+    def sdpa(*args, **kwargs):
+        out = _gpu_sdpa(*args, **kwargs)
+        return real(*args, **kwargs) if out is None else out
+
+    F.scaled_dot_product_attention = sdpa
+    try:
+        yield
+    finally:
+        F.scaled_dot_product_attention = real
+
+
+def _gpu_sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    from torch.nn.attention.bias import CausalBias
+    if attn_mask is not None and not isinstance(attn_mask, CausalBias):
+        return None
+    if attn_mask is None and not is_causal:
+        return None
+    if q.dtype in (torch.float16, torch.bfloat16):
+        return torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, dropout_p, True, False, scale=scale)[0]
+    if k.shape[1] != q.shape[1]:      # memory-efficient attention has no GQA: K/V heads repeated, as SDPA does
+        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+        v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
+    need_lse = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    return torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, None, need_lse, dropout_p, True,
+                                                                   scale=scale)[0]
+
+
+# ------------------------------------------------------------------------------------------- optimizer
+class _Optimizer:
+    """AdamW as the worker runs it, or (master_fp32) on fp32 master copies of 16-bit parameters."""
+
+    def __init__(self, params: list[torch.nn.Parameter], master_fp32: bool):
+        self.params = params
+        self.masters = None
+        if master_fp32:
+            with torch.no_grad():
+                self.masters = [p.detach().float() for p in params]
+            self.opt = torch.optim.AdamW(self.masters, lr=1e-4, fused=True)
+        else:
+            self.opt = torch.optim.AdamW(params, lr=1e-4)
+
+    def step(self) -> None:
+        if self.masters is None:
+            self.opt.step()
+            return
+        with torch.no_grad():
+            for p, m in zip(self.params, self.masters):   # one fp32 gradient alive at a time
+                if p.grad is None:
+                    continue
+                m.grad = p.grad.float()
+                self.opt.step()
+                m.grad = None
+                p.copy_(m)
+
+    def zero_grad(self) -> None:
+        for p in self.params:
+            p.grad = None
+
+    def state_tensors(self) -> list[torch.Tensor]:
+        out = list(self.masters or [])
+        for st in self.opt.state.values():
+            out += [v for v in st.values() if torch.is_tensor(v)]
+        return out
+
+
+# ------------------------------------------------------------------------------------------- one step
+@dataclass
+class StepTrace:
+    """One rank's step: the tracker (memory timeline, FLOPs), the CommLog records and the phase marks."""
+
+    tracker: MemoryTracker
+    n_layers: int
+    mode: str
+    comm_records: list
+    wall_s: float
+
+    @property
+    def flops(self) -> int:
+        return self.tracker.flops
+
+    def fwd_range(self) -> tuple[int, int]:
+        m = self.tracker.marks
+        return m["step"], m["backward"]
+
+    def segment_peaks(self) -> dict[str, tuple[int, int]]:
+        """Segment kind (see `_kinds`) → (clock, bytes) of its peak."""
+        out: dict[str, tuple[int, int]] = {}
+        for k, (name, lo, hi) in enumerate(self.tracker.segments("step", "end")):
+            pk = self.tracker.peak_in(lo, hi, include_before=k == 0)
+            for kind in _kinds(name, self.n_layers):
+                if kind not in out or pk[1] > out[kind][1]:
+                    out[kind] = pk
+        return out
+
+    def memory(self) -> dict[str, Any]:
+        """Peak over the measured step and its breakdown (bytes), with the phase it falls in."""
+        peaks = self.segment_peaks()
+        kind = max(peaks, key=lambda k: peaks[k][1])
+        t, total = peaks[kind]
+        out: dict[str, Any] = dict(self.tracker.breakdown_at(t, self.fwd_range()))
+        out["total"], out["phase"] = total, kind
+        out["phases"] = {k: v[1] for k, v in sorted(peaks.items(), key=lambda kv: kv[1][0])}
+        return out
+
+
+def _kinds(mark: str, n_layers: int) -> list[str]:
+    """Structural name(s) of a phase, the same for every layer count ≥ 3: fwd/bwd × first, mid_first,
+    mid_last, mid_inner, last in execution order (backward runs the layers in reverse). With 3 layers the
+    one middle layer is both mid_first and mid_last."""
+    if mark[:3] not in ("fwd", "bwd") or not mark[3:].isdigit():
+        return [mark]
+    d, i = mark[:3], int(mark[3:])
+    pos = i if d == "fwd" else n_layers - 1 - i
+    kinds = [f"{d}_first"] if pos == 0 else []
+    if pos == n_layers - 1:
+        kinds.append(f"{d}_last")
+    if 1 <= pos <= n_layers - 2:
+        if pos == 1:
+            kinds.append(f"{d}_mid_first")
+        if pos == n_layers - 2:
+            kinds.append(f"{d}_mid_last")
+        if not kinds:
+            kinds.append(f"{d}_mid_inner")
+    return kinds
+
+
+def trace_step(model: ModelConfig, par: ParallelConfig, seq_len: int, batch: int, *, mode: str = "train",
+               dtype: str = "float32", device: str = "cpu", fake: bool = False, attention: str = "native",
+               master_fp32: bool = False, seed: int = 0, tokens: torch.Tensor | None = None,
+               targets: torch.Tensor | None = None) -> StepTrace:
+    """Build the scheme on the current default process group and trace one step of this rank.
+
+    Real tensors (fake=False: inside a spawned gloo/NCCL rank) or fake ones (fake=True: under the fake
+    process group). The same driver in both cases, so their numbers can be compared one to one. The step
+    is what tspbench.worker runs (forward + loss, backward, finish_grad_sync, AdamW, zero_grad with
+    set_to_none), after an untimed optimizer step that creates the optimizer state (steady state); the
+    logits are dropped before backward. Phase marks: step (embedding), fwd<i>, head (final norm, LM head,
+    loss), backward (loss and head backward), bwd<i>, embed_bwd, grad_sync, optimizer, end.
+    """
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from tspbench.schemes import ApplyArgs, apply_scheme, build_mesh
+    from tspbench.schemes.comm import CommLog
+
+    t0 = time.perf_counter()
+    mesh = build_mesh(par, "cuda" if device.startswith("cuda") else "cpu")   # outside fake mode
+    tracker = MemoryTracker()
+    log = CommLog()
+    train = mode == "train"
+    in_fwd = [False]
+
+    def fwd_mark(name):
+        if in_fwd[0]:
+            tracker.mark(name)
+
+    def bwd_mark_on(out, name):   # the gradient of a block's output arrives: that block's backward starts
+        if in_fwd[0] and isinstance(out, torch.Tensor) and out.requires_grad:
+            out.register_hook(lambda g: tracker.mark(name))
+
+    with contextlib.ExitStack() as stack:
+        if fake:
+            stack.enter_context(FakeTensorMode())
+            stack.enter_context(_fake_patches())
+        stack.enter_context(_mode_safe_bias())
+        if attention == "gpu":
+            stack.enter_context(gpu_attention())
+        if tokens is None:            # the global batch is input data: not tracked (as in a real run)
+            tokens = torch.zeros((par.dp * batch, seq_len), dtype=torch.long, device=device)
+            targets = torch.zeros((par.dp * batch, seq_len), dtype=torch.long, device=device)
+        stack.enter_context(tracker)
+        pm = apply_scheme(model, par, ApplyArgs(mesh, seq_len, seed, DTYPES[dtype], device, log))
+        params = list(pm.parameters())
+        tracker.own(params, "params")
+        hooks = []
+        for i, block in enumerate(pm.module.layers):
+            hooks.append(block.register_forward_pre_hook(lambda m, a, i=i: fwd_mark(f"fwd{i}")))
+            hooks.append(block.register_forward_hook(lambda m, a, out, i=i: bwd_mark_on(out, f"bwd{i}")))
+        hooks.append(pm.module.norm.register_forward_pre_hook(lambda m, a: fwd_mark("head")))
+        hooks.append(pm.module.embed.register_forward_hook(lambda m, a, out: bwd_mark_on(out, "embed_bwd")))
+        tok, tgt, pos = pm.local_batch(tokens, targets)
+        opt = None
+        if train:
+            hooks += [p.register_post_accumulate_grad_hook(lambda p: tracker.grad_attached(p.grad))
+                      for p in params]
+            opt = _Optimizer(params, master_fp32)
+            for p in params:          # steady state: the optimizer state exists before the measured step
+                p.grad = torch.zeros_like(p)
+            opt.step()
+            opt.zero_grad()
+            tracker.own(opt.state_tensors(), "optimizer")
+        log.clear()
+        tracker.mark("step")
+        tracker.counting = in_fwd[0] = True
+        if train:
+            loss, logits = pm.loss(tok, tgt, pos)
+            del logits
+            in_fwd[0] = False
+            tracker.mark("backward")
+            loss.backward()
+            del loss
+            tracker.mark("grad_sync")
+            pm.finish_grad_sync()
+            tracker.mark("optimizer")
+            opt.step()
+            opt.zero_grad()
+        else:
+            with torch.no_grad():
+                loss, logits = pm.loss(tok, tgt, pos)
+                del logits, loss
+            in_fwd[0] = False
+            tracker.mark("backward")
+        tracker.counting = False
+        tracker.mark("end")
+        for h in hooks:
+            h.remove()
+        records = list(log.records)
+        del pm, opt, params, tok, tgt, pos, tokens, targets
+    return StepTrace(tracker, model.n_layers, mode, records, time.perf_counter() - t0)
+
+
+def extrapolate_layers(short: StepTrace, long: StepTrace, n_layers: int) -> tuple[dict[str, Any], int]:
+    """Memory breakdown at the peak and FLOPs of an n_layers model from two traces of the same model with
+    L₁ and L₂ = L₁ + 1 layers (L₁ ≥ 3). Exact for identical layers: a phase's live bytes are a fixed
+    in-phase pattern plus per-layer state (weights, optimizer state, stored activations, gradients) of a
+    number of layers that grows linearly with L, so each structural phase's peak (first, second, second
+    to last and last layer, forward and backward; embedding, head, loss, grad sync, optimizer) is linear
+    in L; the layers in between are dominated by the second and second-to-last (linear in their index).
+    FLOPs are linear in L."""
+    l1, l2 = short.n_layers, long.n_layers
+    assert l2 == l1 + 1 and l1 >= 3, (l1, l2)
+    p1, p2 = short.segment_peaks(), long.segment_peaks()
+    kinds = [k for k in p2 if k in p1 and not k.endswith("mid_inner")]
+    assert set(kinds) == {k for k in p1 if not k.endswith("mid_inner")}, (sorted(p1), sorted(p2))
+    n = n_layers - l2
+    value = {k: p2[k][1] + n * (p2[k][1] - p1[k][1]) for k in kinds}
+    kind = max(kinds, key=lambda k: value[k])
+    phases = dict(sorted(value.items(), key=lambda kv: p2[kv[0]][0]))
+    b1 = short.tracker.breakdown_at(p1[kind][0], short.fwd_range())
+    b2 = long.tracker.breakdown_at(p2[kind][0], long.fwd_range())
+    mem: dict[str, Any] = {c: b2[c] + n * (b2[c] - b1[c]) for c in CATEGORIES}
+    mem["total"], mem["phase"], mem["phases"] = value[kind], kind, phases
+    assert sum(mem[c] for c in CATEGORIES) == mem["total"]
+    flops = long.flops + n * (long.flops - short.flops)
+    return mem, flops
+
+
+@contextlib.contextmanager
+def _fake_patches():
+    """Value-free weights: the seeded CPU generator cannot run under FakeTensorMode; restored on exit."""
+    import tspbench.schemes.base as base_mod
+
+    def init_full_param(name, shape, seed, dtype, device="cpu"):
+        return torch.empty(shape, dtype=dtype, device=device)
+
+    old = base_mod.init_full_param
+    base_mod.init_full_param = init_full_param
+    try:
+        yield
+    finally:
+        base_mod.init_full_param = old
+
+
+@contextlib.contextmanager
+def _mode_safe_bias():
+    """`tspbench.model.causal_lower_right` builds torch's `CausalBias`, a Tensor subclass whose constructor
+    passes (variant, Lq, Lk) to `torch.Tensor.__new__`: it allocates an uninitialised float32 tensor of
+    2·Lq·Lk elements, and it cannot run under any Python dispatch mode (the tracker, FakeTensorMode). The
+    stand-in is the same class with the same three attributes on an empty tensor, built with the modes
+    suspended; SDPA dispatches on exactly those attributes."""
+    import tspbench.model as model_mod
+    from torch.nn.attention.bias import CausalBias, CausalVariant
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    real = model_mod.causal_lower_right
+
+    def causal_lower_right(lq, lk):
+        with _disable_current_modes():
+            bias = torch.Tensor._make_subclass(CausalBias, torch.empty(0))
+        bias.variant, bias.seq_len_q, bias.seq_len_kv = CausalVariant.LOWER_RIGHT, lq, lk
+        return bias
+
+    model_mod.causal_lower_right = causal_lower_right
+    try:
+        yield
+    finally:
+        model_mod.causal_lower_right = real
+
+
+@contextlib.contextmanager
+def fake_process_group(world_size: int, rank: int = 0):
+    """torch's fake process group as the default group (collectives are no-ops); destroyed on exit."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        raise RuntimeError("estimate() needs a process without a default process group (one is initialised); "
+                           "call it from the parent process, not from inside a rank")
+    hook = sys.excepthook                 # init_process_group chains a "[rank0]:" excepthook on every call
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+        sys.excepthook = hook
+
+
+# ------------------------------------------------------------------------------------------- records
+def comm_layer0(records) -> dict[str, float]:
+    """Elements and bytes received by this rank for layer 0, per phase (recompute replays count as bwd)."""
+    out = {f"comm_{k}_per_layer_{ph}": 0.0 for k in ("elems", "bytes") for ph in ("fwd", "bwd")}
+    for r in records:
+        if r.tag != "layer0":
+            continue
+        elem_size = r.bytes // r.numel if r.numel else 0
+        out[f"comm_elems_per_layer_{r.phase}"] += r.recv_numel
+        out[f"comm_bytes_per_layer_{r.phase}"] += r.recv_numel * elem_size
+    return out
+
+
+def comm_ops_layer0(records) -> list[tuple]:
+    """(op, phase, group_size, numel, recv_numel, bytes, recompute) of every layer-0 collective, in order."""
+    return [(r.op, r.phase, r.group_size, r.numel, r.recv_numel, r.bytes, r.recompute)
+            for r in records if r.tag == "layer0"]
+
+
+def resolve_attention(attention: str, hardware: str | None) -> str:
+    if attention == "auto":
+        return "native" if hardware == "cpu" else "gpu"
+    if attention not in ("gpu", "native"):
+        raise ValueError(f"attention={attention!r} is unknown; allowed: auto, gpu, native")
+    return attention
+
+
+def estimate(model: ModelConfig, par: ParallelConfig, seq_len: int, batch: int, *, mode: str = "train",
+             dtype: str = "bfloat16", rank: int = 0, hardware: str | None = None, attention: str = "auto",
+             master_fp32: bool | None = None, layers: str = "auto") -> dict[str, Any]:
+    """Per-rank memory, FLOPs and layer-0 collectives of one step, from the real scheme code on fake
+    tensors and a fake process group of par.world_size ranks. Returns a result record (results.py) with
+    method "estimated"; status "oom" when the peak exceeds the hardware profile's memory.
+
+    attention: "auto" (= "gpu", or "native" for hardware="cpu"), "gpu" or "native" (module docstring).
+    master_fp32: None = True for 16-bit dtypes (the cost model's k = 16 mixed precision), else False.
+    layers: "all" traces every layer; "auto" (default) traces 3- and 4-layer copies of the model and
+    extrapolates exactly (`extrapolate_layers`) when it has more than 4 layers: seconds instead of minutes.
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode={mode!r} is unknown; allowed: {', '.join(MODES)}")
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype={dtype!r} is unknown; allowed: {', '.join(DTYPES)}")
+    if layers not in ("auto", "all"):
+        raise ValueError(f"layers={layers!r} is unknown; allowed: auto, all")
+    validate_parallel(model, par, seq_len, batch)
+    if not 0 <= rank < par.world_size:
+        raise ValueError(f"rank={rank} is outside the world of {par.world_size} ranks")
+    kernel = resolve_attention(attention, hardware)
+    if master_fp32 is None:
+        master_fp32 = DTYPES[dtype].itemsize < 4
+    master_fp32 = master_fp32 and mode == "train"
+    hw = None
+    if hardware is not None:
+        from tspbench.costmodel_time import load_hardware
+        hw = load_hardware(hardware)
+
+    t0, c0 = time.perf_counter(), time.process_time()
+    extrapolated = layers == "auto" and model.n_layers > 4
+    depths = (3, 4) if extrapolated else (model.n_layers,)
+    traces = []
+    with fake_process_group(par.world_size, rank), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*(all_gather_into_tensor|reduce_scatter_tensor).*deprecated")
+        for n in depths:
+            cfg = replace(model, n_layers=n)
+            traces.append(trace_step(cfg, par, seq_len, batch, mode=mode, dtype=dtype, fake=True,
+                                     attention=kernel, master_fp32=master_fp32))
+    if extrapolated:
+        mem, flops = extrapolate_layers(traces[0], traces[1], model.n_layers)
+    else:
+        mem, flops = traces[0].memory(), traces[0].flops
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+
+    metrics: dict[str, Any] = {f"mem_{c}_gib": mem[c] / GIB for c in CATEGORIES}
+    metrics["mem_total_gib"] = mem["total"] / GIB
+    metrics["peak_allocated_gib"] = mem["total"] / GIB
+    metrics["flops_per_step"] = flops
+    metrics["flops_per_token"] = flops * par.degree / (batch * seq_len)
+    metrics.update(comm_layer0(traces[-1].comm_records))
+    metrics["estimate_wall_s"] = wall
+    metrics["estimate_cpu_s"] = cpu           # this process's CPU time: what a loaded machine does not inflate
+    status, reason = "ok", None
+    if hw is not None and mem["total"] > hw.mem_bytes:
+        status = "oom"
+        reason = f"estimated peak {mem['total'] / 1e9:.1f} GB > {hw.name} capacity {hw.mem_bytes / 1e9:.1f} GB"
+    return {
+        "method": "estimated", "status": status, "reason": reason,
+        "scheme": par.scheme, "sp_variant": par.sp_variant if par.scheme in ("sp", "tp_sp") else None,
+        "degree": par.degree, "tp_degree": par.tp_degree, "sp_degree": par.sp_degree, "dp": par.dp,
+        "world_size": par.world_size, "seq_len": seq_len, "batch": batch, "mode": mode, "dtype": dtype,
+        "recompute": par.recompute, "model": model.name, "model_cfg": asdict(model), "hardware": hardware,
+        "device": None, "rank": rank, "metrics": metrics, "per_rank": {},
+        "peak_phase": mem["phase"], "mem_bytes": {k: mem[k] for k in (*CATEGORIES, "total")},
+        "phase_peak_bytes": mem["phases"],
+        "comm_ops_layer0": comm_ops_layer0(traces[-1].comm_records),
+        "attention": kernel, "master_fp32": master_fp32, "layers": layers,
+        "provenance": {
+            "torch": torch.__version__, "attention_kernel": kernel,
+            "optimizer_state": ("AdamW on fp32 master copies (fp32 master + m + v = 12 B/param)" if master_fp32
+                                else "AdamW on the parameters as the worker runs it" if mode == "train" else None),
+            "layers_traced": list(depths), "extrapolated": extrapolated,
+            "estimator": "tspbench.estimate (FakeTensorMode + fake process group, one rank)"},
+    }
+
+
+# ------------------------------------------------------------------------------------------- real runs
+def summary(tr: StepTrace) -> dict[str, Any]:
+    """What the estimate-vs-real comparison looks at: memory at the peak, FLOPs, layer-0 collectives."""
+    return {"mem": tr.memory(), "flops": tr.flops, "comm": comm_layer0(tr.comm_records),
+            "comm_ops": comm_ops_layer0(tr.comm_records)}
+
+
+def _measure_worker(rank: int, world: int, cases: list, out_file: str) -> None:
+    import json
+
+    from tspbench.model import synthetic_batch
+
+    results = []
+    for model, par, seq_len, batch, mode, dtype in cases:
+        tokens, targets = synthetic_batch(model, par.dp * batch, seq_len, seed=0)
+        tr = trace_step(model, par, seq_len, batch, mode=mode, dtype=dtype, fake=False, attention="native",
+                        master_fp32=False, tokens=tokens, targets=targets)
+        results.append(summary(tr))
+        dist.barrier()
+    if rank == 0:
+        with open(out_file, "w") as f:
+            json.dump(results, f)
+
+
+def measure(cases: list[tuple[ModelConfig, ParallelConfig, int, int, str, str]]) -> list[dict[str, Any]]:
+    """Real CPU runs (gloo, one process per rank) of (model, par, seq_len, batch, mode, dtype) cases with
+    the estimate's driver and tracker (`trace_step(fake=False)`): rank 0's `summary` per case. All cases
+    share one world size. This is what the estimate is tested against."""
+    import json
+    import tempfile
+    from pathlib import Path
+
+    from tspbench.spawn import spawn
+
+    worlds = {c[1].world_size for c in cases}
+    assert len(worlds) == 1, worlds
+    with tempfile.TemporaryDirectory() as tmp:
+        out = str(Path(tmp) / "measured.json")
+        spawn(_measure_worker, worlds.pop(), cases, out)
+        return json.loads(Path(out).read_text())
+
+
+def estimate_summary(model: ModelConfig, par: ParallelConfig, seq_len: int, batch: int, *, mode: str = "train",
+                     dtype: str = "float32", attention: str = "native", rank: int = 0) -> dict[str, Any]:
+    """`summary` of a fake-tensor trace of every layer (the counterpart of `measure` for one case)."""
+    with fake_process_group(par.world_size, rank):
+        tr = trace_step(model, par, seq_len, batch, mode=mode, dtype=dtype, fake=True, attention=attention,
+                        master_fp32=False)
+    return summary(tr)
+
+
+# ------------------------------------------------------------------------------------------- CLI
+def _parse(argv: list[str]) -> tuple[ModelConfig, ParallelConfig, dict[str, Any]]:
+    """`key=value` pairs: model=<conf/model name>, model.<field>=, scheme=, degree=, tp=, dp=, sp_variant=,
+    recompute=, seq_len=, batch=, mode=, dtype=, rank=, hardware=, attention=."""
+    from pathlib import Path
+
+    import yaml
+
+    kv = dict(a.split("=", 1) for a in argv)
+    mcfg: dict[str, Any] = {}
+    if "model" in kv:
+        path = Path(__file__).resolve().parents[1] / "conf" / "model" / f"{kv.pop('model')}.yaml"
+        mcfg = {k: v for k, v in yaml.safe_load(path.read_text()).items() if k != "defaults"}
+    for k in [k for k in kv if k.startswith("model.")]:
+        mcfg[k[6:]] = kv.pop(k)
+    types = {f: type(getattr(ModelConfig(), f)) for f in ModelConfig.__dataclass_fields__}
+    model = ModelConfig(**{k: types[k](v) for k, v in mcfg.items()})
+    pfields = {f: type(getattr(ParallelConfig(), f)) for f in ParallelConfig.__dataclass_fields__}
+    par = ParallelConfig(**{k: pfields[k](kv.pop(k)) for k in list(kv) if k in pfields})
+    run = {"seq_len": int(kv.pop("seq_len", 4096)), "batch": int(kv.pop("batch", 1))}
+    for k in ("mode", "dtype", "hardware", "attention"):
+        if k in kv:
+            run[k] = kv.pop(k)
+    if "rank" in kv:
+        run["rank"] = int(kv.pop("rank"))
+    if kv:
+        raise SystemExit(f"tspbench.estimate: unknown keys {sorted(kv)}")
+    return model, par, run
+
+
+def main(argv: list[str] | None = None) -> int:
+    import json
+
+    model, par, run = _parse(sys.argv[1:] if argv is None else argv)
+    seq_len, batch = run.pop("seq_len"), run.pop("batch")
+    rec = estimate(model, par, seq_len, batch, **run)
+    print(json.dumps({"status": rec["status"], "reason": rec["reason"], "peak_phase": rec["peak_phase"],
+                      **rec["metrics"]}, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
