@@ -264,13 +264,17 @@ def largest_param_elems(model: ModelConfig, par: ParallelConfig) -> float:
 
 
 def grad_sync_bucket_elems(model: ModelConfig, par: ParallelConfig) -> float:
-    """Elements `ParallelModel.finish_grad_sync` concatenates at once: the in-group bucket (one flat copy of
-    the gradients that need summing), and with dp > 1 the data-parallel bucket of all gradients while the
-    previous flat buffer is still bound."""
+    """Elements `ParallelModel.finish_grad_sync` concatenates at once: one bucket of at most
+    GRAD_BUCKET_ELEMS (the in-group sum, then the data-parallel average), freed before the next. Bounded
+    by the bucket cap; a lone oversized gradient is reduced in place, so this is an upper estimate when
+    buckets do not fill exactly."""
+    from tspbench.schemes.base import GRAD_BUCKET_ELEMS
+
     n_group, _ = grad_sync_group(model, par)
+    n = min(n_group, GRAD_BUCKET_ELEMS)
     if par.dp > 1:
-        return n_group + params_per_device(model, par)
-    return n_group
+        n = max(n, min(params_per_device(model, par), GRAD_BUCKET_ELEMS))
+    return n
 
 
 def memory_phases(model: ModelConfig, par: ParallelConfig, seq_len: int, batch: int, *, mode: str = "train",

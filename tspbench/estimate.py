@@ -67,9 +67,7 @@ Speed: every op goes through Python (FakeTensorMode + the tracker), ~10⁴ ops p
 
 What the estimate patches (values are irrelevant for memory and FLOPs; the scheme code paths are not
 changed): `tspbench.schemes.base.init_full_param` returns `torch.empty` (the seeded CPU generator cannot run
-under FakeTensorMode); `tspbench.model.causal_lower_right` returns a `CausalBias` built on an empty tensor
-(torch's constructor allocates a 2·Lq·Lk float32 tensor and cannot run under a dispatch mode); with
-attention="gpu", `torch.nn.functional.scaled_dot_product_attention` (see above). Process group: torch's
+under FakeTensorMode); with attention="gpu", `torch.nn.functional.scaled_dot_product_attention` (see above). Process group: torch's
 fake backend is initialised for the call and destroyed after it, so `estimate` can be called repeatedly;
 it refuses to run in a process that already has a default process group.
 """
@@ -442,7 +440,6 @@ def trace_step(model: ModelConfig, par: ParallelConfig, seq_len: int, batch: int
         if fake:
             stack.enter_context(FakeTensorMode())
             stack.enter_context(_fake_patches())
-        stack.enter_context(_mode_safe_bias())
         if attention == "gpu":
             stack.enter_context(gpu_attention())
         if tokens is None:            # the global batch is input data: not tracked (as in a real run)
@@ -539,32 +536,6 @@ def _fake_patches():
         yield
     finally:
         base_mod.init_full_param = old
-
-
-@contextlib.contextmanager
-def _mode_safe_bias():
-    """`tspbench.model.causal_lower_right` builds torch's `CausalBias`, a Tensor subclass whose constructor
-    passes (variant, Lq, Lk) to `torch.Tensor.__new__`: it allocates an uninitialised float32 tensor of
-    2·Lq·Lk elements, and it cannot run under any Python dispatch mode (the tracker, FakeTensorMode). The
-    stand-in is the same class with the same three attributes on an empty tensor, built with the modes
-    suspended; SDPA dispatches on exactly those attributes."""
-    import tspbench.model as model_mod
-    from torch.nn.attention.bias import CausalBias, CausalVariant
-    from torch.utils._python_dispatch import _disable_current_modes
-
-    real = model_mod.causal_lower_right
-
-    def causal_lower_right(lq, lk):
-        with _disable_current_modes():
-            bias = torch.Tensor._make_subclass(CausalBias, torch.empty(0))
-        bias.variant, bias.seq_len_q, bias.seq_len_kv = CausalVariant.LOWER_RIGHT, lq, lk
-        return bias
-
-    model_mod.causal_lower_right = causal_lower_right
-    try:
-        yield
-    finally:
-        model_mod.causal_lower_right = real
 
 
 @contextlib.contextmanager

@@ -19,7 +19,8 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.attention.bias import causal_lower_right
+from torch.nn.attention.bias import CausalBias, CausalVariant
+from torch.utils._python_dispatch import _disable_current_modes
 
 from tspbench.config import ModelConfig
 
@@ -78,7 +79,17 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offset
     gqa = q.shape[1] != k.shape[1]
     if lq == lk:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(lq, lk), enable_gqa=gqa)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=lower_right_bias(lq, lk), enable_gqa=gqa)
+
+
+def lower_right_bias(lq: int, lk: int) -> CausalBias:
+    """torch's lower-right CausalBias without the uninitialised 2·Lq·Lk tensor its constructor allocates
+    (SDPA reads only the variant and the two lengths; the data is never used). Built with dispatch modes
+    suspended: a Tensor subclass cannot be created under FakeTensorMode or a memory tracker."""
+    with _disable_current_modes():
+        bias = torch.Tensor._make_subclass(CausalBias, torch.empty(0))
+    bias.variant, bias.seq_len_q, bias.seq_len_kv = CausalVariant.LOWER_RIGHT, lq, lk
+    return bias
 
 
 def swiglu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor) -> torch.Tensor:

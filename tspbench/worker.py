@@ -113,14 +113,14 @@ def benchmark(spec: RunSpec, device: torch.device, rank: int, world: int) -> dic
 
     def step() -> torch.Tensor:
         if train:
-            loss, _ = pm.loss(tok, tgt, pos)
+            loss = pm.loss(tok, tgt, pos)[0]  # logits not kept alive through backward
             loss.backward()
             pm.finish_grad_sync()
             opt.step()
             opt.zero_grad(set_to_none=True)
         else:
             with torch.no_grad():
-                loss, _ = pm.loss(tok, tgt, pos)
+                loss = pm.loss(tok, tgt, pos)[0]  # logits not kept alive through backward
         return loss
 
     # -- step 0 (accounting) and warm-up ------------------------------------------------------------

@@ -93,7 +93,7 @@ def _mem_tracker(step, module, optimizer, device) -> dict[str, Any]:
 
     mt = MemTracker()
     mt.track_external(*(x for x in (module, optimizer) if x is not None))
-    with _causal_bias_outside_modes(), mt:
+    with mt:
         step()
     snap = mt.get_tracker_snapshot("peak")
     dev = next((d for d in snap if torch.device(d).type == device.type), None)
@@ -106,35 +106,6 @@ def _mem_tracker(step, module, optimizer, device) -> dict[str, Any]:
     out["mem_total_gib"] = snap[dev]["Total"] / GIB
     out["mem_breakdown_method"] = "MemTracker (at the rank's peak, one untimed step)"
     return out
-
-
-@contextlib.contextmanager
-def _causal_bias_outside_modes():
-    """`torch.nn.attention.bias.CausalBias` (what `causal_lower_right` returns) is a Tensor subclass whose
-    constructor fails under any TorchDispatchMode, MemTracker's included ("Creating a new Tensor subclass
-    CausalBias but the raw Tensor object is already associated ..."). Build it outside the modes; it holds
-    no storage, so nothing is missed."""
-    from torch.nn.attention import bias
-    from torch.utils._python_dispatch import _disable_current_modes
-
-    cls = getattr(bias, "CausalBias", None)
-    if cls is None:
-        yield
-        return
-    had, orig = "__new__" in cls.__dict__, cls.__new__
-
-    def new(c, *args, **kwargs):
-        with _disable_current_modes():
-            return orig(c, *args, **kwargs)
-
-    cls.__new__ = new
-    try:
-        yield
-    finally:
-        if had:
-            cls.__new__ = orig
-        else:
-            del cls.__new__
 
 
 def _fallback(step, module, optimizer) -> dict[str, Any]:

@@ -62,7 +62,8 @@ def slice_param(name: str, full_shape: tuple[int, ...], dim: int, index: int, pa
                 dtype: torch.dtype, device) -> nn.Parameter:
     """This rank's contiguous 1/parts slice of the seeded full parameter."""
     full = init_full_param(name, full_shape, seed, dtype, device)
-    return nn.Parameter(full.chunk(parts, dim)[index].contiguous())
+    # clone, not contiguous(): a row chunk is already contiguous, and a view would keep `full` alive.
+    return nn.Parameter(full.chunk(parts, dim)[index].clone())
 
 
 class ParallelModel(nn.Module):
@@ -126,14 +127,18 @@ class ParallelModel(nn.Module):
         if self.dp is not None:
             buckets[id(self.dp)] = (self.dp, [p.grad for _, p in self.named_local_params() if p.grad is not None])
         for comm, grads in buckets.values():
-            flat = torch.cat([g.reshape(-1) for g in grads])
-            comm.all_reduce(flat, tag="grad_sync", phase="grad_sync")
-            if comm is self.dp:
-                flat /= comm.size
-            off = 0
-            for g in grads:
-                g.copy_(flat[off:off + g.numel()].view_as(g))
-                off += g.numel()
+            for chunk in _buckets(grads, GRAD_BUCKET_ELEMS):
+                # One flat buffer per bucket (fewer, larger messages); a lone gradient is reduced in place.
+                flat = chunk[0] if len(chunk) == 1 else torch.cat([g.reshape(-1) for g in chunk])
+                comm.all_reduce(flat, tag="grad_sync", phase="grad_sync")
+                if comm is self.dp:
+                    flat /= comm.size
+                if len(chunk) > 1:
+                    off = 0
+                    for g in chunk:
+                        g.copy_(flat[off:off + g.numel()].view_as(g))
+                        off += g.numel()
+                del flat
 
     def named_local_params(self):
         return self.module.named_parameters()
@@ -164,6 +169,27 @@ class ParallelModel(nn.Module):
     # ---- sharding audit -----------------------------------------------------------------------------
     def param_bytes(self) -> int:
         return sum(p.numel() * p.element_size() for _, p in self.named_local_params())
+
+
+GRAD_BUCKET_ELEMS = 2**25
+"""Gradient all-reduce bucket: at most 32M elements are concatenated at once (Megatron's DDP default is 40M),
+so the sync never holds a second copy of all the gradients."""
+
+
+def _buckets(grads: list[torch.Tensor], cap: int) -> list[list[torch.Tensor]]:
+    """Consecutive groups of gradients of at most `cap` elements (a larger gradient is a group alone)."""
+    out: list[list[torch.Tensor]] = []
+    cur: list[torch.Tensor] = []
+    n = 0
+    for g in grads:
+        if cur and n + g.numel() > cap:
+            out.append(cur)
+            cur, n = [], 0
+        cur.append(g)
+        n += g.numel()
+    if cur:
+        out.append(cur)
+    return out
 
 
 class _no_log:
