@@ -55,6 +55,10 @@ def run_all(specs: list[RunSpec], run_dir: Path, force: bool = False, progress: 
     # SIGTERM (a scheduler's time limit, `kill`) is handled like Ctrl-C: kill the group, record, stop.
     main = threading.current_thread() is threading.main_thread()
     prev = signal.signal(signal.SIGTERM, _interrupt) if main else None
+    # Runs that will be estimated (fake tensors) are independent single-process jobs: do them up front on
+    # every core, then record them in grid order with the rest.
+    todo = [s for s in specs if s.run_id not in done and goes_offline(s) == "estimate"]
+    estimated = prefetch_estimates(todo) if len(todo) > 1 else {}
     try:
         for spec in specs:
             if spec.run_id in done:
@@ -66,7 +70,7 @@ def run_all(specs: list[RunSpec], run_dir: Path, force: bool = False, progress: 
             def on_step(i: int, n: int, tps: str, spec=spec):
                 bar.set_postfix_str(f"{spec.label()}: step {i}/{n} {tps} tok/s")
 
-            rec = run_one(spec, run_dir, on_step)
+            rec = run_one(spec, run_dir, on_step, estimated.get(spec.run_id))
             say(one_line(rec))
             bar.update(1)
     finally:
@@ -107,8 +111,38 @@ def latest_records(results_file: Path, run_ids: list[str]) -> list[dict]:
 
 
 # -------------------------------------------------------------------------------------------- one run
-def run_one(spec: RunSpec, run_dir: Path, on_step: Optional[Callable] = None) -> dict:
-    """Run one spec to a record (appended to `<run_dir>/results.jsonl`) and return it."""
+def goes_offline(spec: RunSpec) -> Optional[str]:
+    """"estimate" / "model" when this spec will not be measured (and is valid), else None."""
+    try:
+        validate_parallel(spec.model_config(), spec.parallel(), spec.seq_len, spec.batch)
+    except ConfigError:
+        return None
+    if spec.execution in ("estimate", "model"):
+        return spec.execution
+    if spec.execution == "auto" and choose_execution(spec)[0] is None:
+        return "estimate"
+    return None
+
+
+def prefetch_estimates(specs: list[RunSpec]) -> dict[str, dict]:
+    """Estimated records of `specs`, computed in parallel processes (one per core)."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    workers = min(len(specs), os.cpu_count() or 1)
+    with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
+        recs = list(pool.map(_estimate_safe, specs))
+    return {s.run_id: r for s, r in zip(specs, recs)}
+
+
+def _estimate_safe(spec: RunSpec) -> dict:
+    return run_offline(spec, "estimate")
+
+
+def run_one(spec: RunSpec, run_dir: Path, on_step: Optional[Callable] = None,
+            estimated: Optional[dict] = None) -> dict:
+    """Run one spec to a record (appended to `<run_dir>/results.jsonl`) and return it. `estimated`: an
+    estimated record computed ahead (prefetch_estimates)."""
     run_dir = Path(run_dir)
     results = run_dir / RESULTS_FILE
     spec.results_file = str(results.resolve())
@@ -121,11 +155,13 @@ def run_one(spec: RunSpec, run_dir: Path, on_step: Optional[Callable] = None) ->
     if execution is None and spec.execution == "auto":
         # The devices are not here: estimate (fake tensors) and model (formulas) instead; the modelled
         # twin carries the predicted time under its own run_id.
-        rec = _record(results, run_offline(spec, "estimate"))
+        rec = _record(results, estimated or run_offline(spec, "estimate"))
         _record(results, run_offline(spec, "model"))
         return rec
     if execution is None:
         return _record(results, base_record(spec, "invalid", why))
+    if execution == "estimate" and estimated is not None:
+        return _record(results, estimated)
     if execution in ("estimate", "model"):
         return _record(results, run_offline(spec, execution))
     return run_measured(spec, run_dir, on_step)
