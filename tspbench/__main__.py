@@ -46,6 +46,9 @@ def main(cfg: DictConfig) -> None:
     if breakdown:
         print(breakdown)
     print(f"results: {run_dir / RESULTS_FILE}")
+    if exp.paper_tables:
+        from tspbench.paper import print_tables
+        print_tables(exp.paper_tables)
     if exp.report and not _in_multirun():  # a sweep gets one combined report (tspbench.callbacks)
         from tspbench.report import finish
         finish([run_dir / RESULTS_FILE], exp.exp_name)

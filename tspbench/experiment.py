@@ -119,6 +119,9 @@ class ExperimentConfig:
     """Re-run runs already recorded `ok`."""
     progress: bool = True
     """Show the progress bar and the live per-run line."""
+    paper_tables: List[str] = field(default_factory=list)
+    """Tables from tspbench.paper printed at the end (memory | throughput | plausibility | crossover): the
+    cost model's answer to the paper's claims, beside the claims."""
     report: bool = True
     """End with the HTML report (reports/<exp_name>-<time>.html) and the matched claims in the terminal."""
     faults: FaultConfig = field(default_factory=FaultConfig)

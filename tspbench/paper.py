@@ -255,3 +255,39 @@ if __name__ == "__main__":
                                     "tsp_speedup"]].to_string())
     print(plausibility_173m())
     print(crossover_table().round(3).to_string())
+
+
+def print_tables(names: list[str]) -> None:
+    """The `paper_tables` of an experiment, as text (all numbers modelled: tspbench.costmodel on the MI300X
+    profile; claims from conf/claims.yaml)."""
+    import pandas as pd
+
+    with pd.option_context("display.width", 220, "display.max_columns", 30, "display.float_format",
+                           lambda v: f"{v:,.3g}"):
+        for name in names:
+            if name == "memory":
+                df = paper_memory_table()
+                print(f"paper memory (modelled, GB per MI300X; one setting for all schemes: {PAPER_MEMORY_SETTING}):")
+                print(df.to_string(index=False))
+            elif name == "throughput":
+                df = paper_throughput_table()
+                cols = [c for c in ("layers", "overlap", "layout", "tokens_per_s", "tsp_speedup",
+                                    "claim_tsp_tokens_per_s", "claim_ratio_blog", "claim_ratio_press") if c in df]
+                print("paper throughput, 1,024 × MI300X, S = 128K, D = 8, forward (modelled; tsp_speedup = TSP "
+                      "tokens/s ÷ this layout's, beside the claimed 2.0x (blog) and 2.6x (press)):")
+                print(df[cols].to_string(index=False))
+            elif name == "plausibility":
+                p = plausibility_173m()
+                print(f"173M tokens/s on 1,024 MI300X = {p['tokens_per_s_per_gpu']:,.0f} tok/s per GPU: a full "
+                      f"32-layer forward needs ≥ {p['required_pflops_per_gpu_full_linear_only']:.2f} PFLOP/s per GPU "
+                      f"for the linear layers alone ({p['fraction_of_peak_full_linear_only']:.1f}× the "
+                      f"{p['peak_pflops_bf16']:.2f} PFLOP/s bf16 peak): "
+                      f"{'possible' if p['full_forward_plausible'] else 'NOT physically possible'}; one layer "
+                      f"needs {p['required_pflops_per_gpu_layer_causal_halved']:.2f} PFLOP/s "
+                      f"({p['fraction_of_peak_layer_causal_halved']:.0%} of peak).")
+            elif name == "crossover":
+                print("communication per layer (modelled GB, forward) vs sequence length, TSP vs TP:")
+                print(crossover_table().to_string(index=False))
+            else:
+                raise ValueError(f"paper_tables: {name!r} is unknown; allowed: memory, throughput, "
+                                 f"plausibility, crossover")
