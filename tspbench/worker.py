@@ -120,7 +120,7 @@ def benchmark(spec: RunSpec, device: torch.device, rank: int, world: int) -> dic
             opt.zero_grad(set_to_none=True)
         else:
             with torch.no_grad():
-                loss = pm.loss(tok, tgt, pos)[0]  # logits not kept alive through backward
+                loss = pm.loss(tok, tgt, pos)[0]
         return loss
 
     # -- step 0 (accounting) and warm-up ------------------------------------------------------------
