@@ -153,20 +153,27 @@ def fig_breakdown(df: pd.DataFrame, pal: dict):
     return fig, "Memory breakdown per device at the longest sequence length of each panel." + note
 
 
+def metric_vs_seq(ok: pd.DataFrame, col: str, ylabel: str, pal: dict, integer_ticks: bool = False):
+    """One panel per context: `col` against sequence length, a line per scheme."""
+    fig, axes, names, note = facets(ok, "ctx")
+    for ax, name in zip(axes, names):
+        sub = ok[ok["ctx"] == name]
+        lines(ax, sub, col, pal)
+        seq_axis(ax, sub["seq_len"])
+        if integer_ticks:
+            ax.set_ylim(bottom=0)
+            ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: fmt(v, 0)))
+        ax.set_ylabel(ylabel)
+        panel_title(ax, name, bool(sub["is_cpu"].any()))
+        ax.legend(fontsize=7)
+    return fig, note
+
+
 def fig_throughput(df: pd.DataFrame, pal: dict):
     ok = ok_with(df, "seq_len", "tok_dev")
     if ok.empty:
         return NO_DATA + ": needs tokens_per_s(_per_device) or predicted_tokens_per_s."
-    fig, axes, names, note = facets(ok, "ctx")
-    for ax, name in zip(axes, names):
-        sub = ok[ok["ctx"] == name]
-        lines(ax, sub, "tok_dev", pal)
-        seq_axis(ax, sub["seq_len"])
-        ax.set_ylim(bottom=0)
-        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: fmt(v, 0)))
-        ax.set_ylabel("tokens/s per device")
-        panel_title(ax, name, bool(sub["is_cpu"].any()))
-        ax.legend(fontsize=7)
+    fig, note = metric_vs_seq(ok, "tok_dev", "tokens/s per device", pal, integer_ticks=True)
     return fig, "Tokens/s per device (global tokens/s ÷ world size where not recorded)." + note
 
 
@@ -275,14 +282,7 @@ def fig_energy(df: pd.DataFrame, pal: dict):
     ok = ok[ok["method"] == "measured"]
     if ok.empty:
         return NO_DATA + ": needs measured energy_j_per_token (energy counters unavailable here?)."
-    fig, axes, names, note = facets(ok, "ctx")
-    for ax, name in zip(axes, names):
-        sub = ok[ok["ctx"] == name]
-        lines(ax, sub, "energy_j_per_token", pal)
-        seq_axis(ax, sub["seq_len"])
-        ax.set_ylabel("J per token (all ranks)")
-        panel_title(ax, name, bool(sub["is_cpu"].any()))
-        ax.legend(fontsize=7)
+    fig, note = metric_vs_seq(ok, "energy_j_per_token", "J per token (all ranks)", pal)
     return fig, "Energy per token from device energy counters, summed over ranks." + note
 
 

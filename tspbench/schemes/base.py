@@ -118,7 +118,7 @@ class ParallelModel(nn.Module):
     # ---- gradients ---------------------------------------------------------------------------------
     def finish_grad_sync(self) -> None:
         """Sum partial gradients of token-sharded replicated weights, then average over DP replicas.
-        Each group's gradients go in one flattened bucket (one collective per group)."""
+        Each group's gradients go in flattened buckets of at most GRAD_BUCKET_ELEMS (few, large collectives)."""
         buckets: dict[int, tuple[Comm, list[torch.Tensor]]] = {}
         for name, p in self.named_local_params():
             c = self.shards[name].grad_sum
