@@ -62,6 +62,9 @@ def cases_for_world(world: int) -> list[tuple[VerifyConfig, str | None]]:
     if world == 2:
         # Non-vacuity: each bug must FAIL the very comparison the real code passes.
         out += [(_vc(MHA, "tp", 2), "missing_allreduce"),
+                (_vc(MHA, "tp", 2), "unmasked_vocab_shard"),
+                (_vc(MHA, "tp", 2), "head_input_grad_not_reduced"),
+                (_vc(MHA, "tp_msp", 2), "unmasked_vocab_shard"),
                 (_vc(MHA, "tp_msp", 2), "missing_grad_sync"),
                 (_vc(MHA, "sp", 2), "wrong_zigzag_order"),
                 (_vc(MHA, "sp", 2), "missing_grad_sync"),
@@ -70,7 +73,8 @@ def cases_for_world(world: int) -> list[tuple[VerifyConfig, str | None]]:
                 (_vc(MHA, "tsp", 2), "no_reduce_to_owner"),
                 (_vc(MHA, "tsp", 2), "missing_grad_sync")]
     if world == 4:
-        out += [(_vc(MHA, "tsp", 4), "skipped_ring_hop"), (_vc(MHA, "tp_sp", 4, tp=2), "wrong_zigzag_order")]
+        out += [(_vc(MHA, "tsp", 4), "skipped_ring_hop"), (_vc(MHA, "tp_sp", 4, tp=2), "wrong_zigzag_order"),
+                (_vc(MHA, "tp_sp", 4, tp=2), "head_input_grad_not_reduced")]
     return out
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from parity_cases import ALL
 
-from tspbench.costmodel import comm_per_layer
+from tspbench.costmodel import comm_embed_head, comm_per_layer
 
 
 def formula_fwd(vc) -> float:
@@ -76,3 +76,29 @@ def test_collective_pattern(parity_results, cid):
         bwd = [o[0] for o in ops if o[1] == "bwd"]
         assert bwd.count("reduce") == D and bwd.count("reduce_scatter") == D
         assert bwd.count("send_recv") == 2 * (D - 1)  # weight ring + gradient ring
+
+
+EDGE_CASES = [k for k, (w, vc, b) in ALL.items() if b is None and vc.scheme != "single" and vc.dp == 1
+              and vc.recompute == "none"]
+
+
+@pytest.mark.parametrize("cid", EDGE_CASES)
+def test_embedding_and_head_volume(parity_results, cid):
+    """The vocabulary-parallel embedding, LM head and cross-entropy (tp, tp_msp, tp_sp with T > 1) move
+    exactly what costmodel.comm_embed_head says; the replicated ones (sp, tsp, T = 1) move nothing."""
+    world, vc, _ = ALL[cid]
+    got = parity_results(world)[cid]["comm_edges"]
+    pred = comm_embed_head(vc.model, vc.parallel(), vc.seq_len, vc.batch, mode="train")
+    for tag in ("embed", "head"):
+        for phase in ("fwd", "bwd"):
+            assert got[tag][phase] == pytest.approx(pred[tag][phase], rel=1e-12, abs=0), (tag, phase)
+    sharded = vc.scheme in ("tp", "tp_msp") or (vc.scheme == "tp_sp" and vc.tp > 1)
+    assert (got["head"]["fwd"] > 0) == sharded
+
+
+def test_embed_head_formula_by_hand():
+    """tp, T = 2, B·S = 64, h = 64: embed 2·64·64·½ = 4096; head 6·64·½ = 192 forward, 4096 backward."""
+    from tspbench.config import ModelConfig, ParallelConfig
+    m = ModelConfig(vocab_size=128, dim=64)
+    got = comm_embed_head(m, ParallelConfig("tp", 2), 32, 2, mode="train")
+    assert got == {"embed": {"fwd": 4096.0, "bwd": 0.0}, "head": {"fwd": 192.0, "bwd": 4096.0}}

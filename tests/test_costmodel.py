@@ -96,7 +96,10 @@ def test_tp_sp_degenerates_to_tp_and_sp():
         for pair in ((ParallelConfig(scheme="tp_sp", degree=8, tp=8), ParallelConfig(scheme="tp", degree=8)),
                      (ParallelConfig(scheme="tp_sp", degree=8, tp=1), ParallelConfig(scheme="sp", degree=8))):
             ma, mb = (memory_breakdown(LLAMA7B, replace(p, recompute="full"), seq, 1) for p in pair)
-            assert ma == pytest.approx(mb)
+            # Same state exactly; the working set may differ by one copy: tp_sp with Σ = 1 still attends
+            # through attend_shard (two zigzag chunks + cat), whose flattened output W_O saves (Geometry.chunked).
+            assert {k: ma[k] for k in ("params", "optimizer")} == {k: mb[k] for k in ("params", "optimizer")}
+            assert ma["total"] == pytest.approx(mb["total"], rel=5e-3)
 
 
 # ---------------------------------------------------------------------------------------------- crossover
@@ -126,8 +129,13 @@ def test_parameter_count_and_state_bytes():
     # sp replicates every weight; TP shards them like TSP
     sp = memory_breakdown(LLAMA7B, ParallelConfig(scheme="sp", degree=8), S128K, 1)
     assert sp["params"] == pytest.approx(2 * (non_embedding_params(LLAMA7B) + replicated_params(LLAMA7B)))
-    tp = memory_breakdown(LLAMA7B, ParallelConfig(scheme="tp", degree=8), S128K, 1)
-    assert tp["params"] == pytest.approx(memory_breakdown(LLAMA7B, par, S128K, 1)["params"])
+    # TP shards the blocks like TSP, and the embedding / LM head by vocabulary (TSP replicates those)
+    tp_par = ParallelConfig(scheme="tp", degree=8)
+    tp = memory_breakdown(LLAMA7B, tp_par, S128K, 1)
+    assert tp["params"] == pytest.approx(2 * (non_embedding_params(LLAMA7B) / 8 + 2 * 32000 * 4096 / 8 + 65 * 4096))
+    assert replicated_params(LLAMA7B, par=tp_par) == 65 * 4096 + 2 * 32000 * 4096 / 8
+    tsp_params = memory_breakdown(LLAMA7B, par, S128K, 1)["params"]
+    assert tsp_params - tp["params"] == pytest.approx(2 * 2 * 32000 * 4096 * 7 / 8)
 
 
 def test_memory_keys_and_total():
@@ -281,6 +289,8 @@ def test_paper_tables():
     assigned = mem.set_index("claim_id").layout
     assert assigned["mem_128k_tpsp_a"] == "TP×SP T=2×Σ=4" and assigned["mem_128k_tpsp_b"] == "TP×SP T=1×Σ=8"
     assert (mem[~mem.within_10pct & mem.claim.notna()].note.str.len() > 0).all()   # every miss is explained
+    # with the vocabulary-parallel LM head and cross-entropy, TP at 128K lands on the published 70 GB
+    assert mem.set_index("claim_id").within_10pct[["mem_128k_tp", "mem_128k_tpsp_a", "mem_128k_tpsp_b"]].all()
     p = plausibility_173m()
     assert p["tokens_per_s_per_gpu"] == pytest.approx(168945.3, abs=0.1)
     assert p["required_pflops_per_gpu_full_linear_only"] == pytest.approx(2.9, abs=0.01)
@@ -288,3 +298,18 @@ def test_paper_tables():
     assert p["fraction_of_peak_layer_causal_halved"] == pytest.approx(0.21, abs=0.005)
     x = crossover_table()
     assert (x.tsp_le_tp == (x.tokens >= 32768)).all()
+
+
+@pytest.mark.parametrize("scheme,tp", [("tp", 0), ("tp_msp", 0), ("tp_sp", 2), ("tp_sp", 1), ("sp", 0), ("tsp", 0)])
+def test_edge_collectives_move_what_comm_embed_head_counts(scheme, tp):
+    """The time model's once-per-step embedding/head collectives receive exactly the volume of
+    costmodel.comm_embed_head (which test_accounting binds to the code's CommLog)."""
+    from tspbench.costmodel import comm_embed_head
+    from tspbench.costmodel_time import edge_collectives, received_elems
+    par = ParallelConfig(scheme=scheme, degree=8, tp=tp)
+    for mode in ("forward", "train"):
+        colls = edge_collectives(LLAMA7B, par, S128K, 1, mode=mode)
+        got = sum(c * received_elems(op, p, n) for op, p, n, _, c in colls)
+        want = sum(v["fwd"] + v["bwd"] for v in comm_embed_head(LLAMA7B, par, S128K, 1, mode=mode).values())
+        assert got == pytest.approx(want, rel=1e-12, abs=0)
+        assert (got > 0) == (par.vocab_degree > 1)

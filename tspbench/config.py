@@ -86,6 +86,12 @@ class ParallelConfig:
         return 1
 
     @property
+    def vocab_degree(self) -> int:
+        """Ranks the embedding / LM-head vocabulary is split over: the tensor axis of tp, tp_msp and tp_sp
+        (Megatron's vocabulary-parallel embedding and cross-entropy); 1 (replicated) for sp and tsp (A9)."""
+        return self.tp_degree if self.scheme in ("tp", "tp_msp", "tp_sp") else 1
+
+    @property
     def sp_degree(self) -> int:
         """Token-sharding degree; tp_msp shards norms/residuals only, so it counts as 1 here."""
         if self.scheme in ("sp", "tsp"):
@@ -149,6 +155,11 @@ def validate_parallel(m: ModelConfig, p: ParallelConfig, seq_len: int, batch: in
               f"{t} (scheme={p.scheme}); allowed degrees: {_divisors(m.n_kv_heads)}")
         _need(m.ffn_hidden % t == 0, f"model.ffn_hidden={m.ffn_hidden} must be divisible by the tensor degree "
               f"{t} (scheme={p.scheme})")
+    v = p.vocab_degree
+    if v > 1:
+        _need(m.vocab_size % v == 0, f"model.vocab_size={m.vocab_size} must be divisible by the tensor degree {v} "
+              f"(scheme={p.scheme} splits the embedding and LM head by vocabulary); e.g. "
+              f"model.vocab_size={v * -(-m.vocab_size // v)}")
     if s > 1:
         _need(seq_len % (2 * s) == 0, f"seq_len={seq_len} must be divisible by 2×(sequence degree {s}) = {2 * s} "
               f"for the zigzag layout (scheme={p.scheme}); e.g. seq_len={2 * s * max(1, seq_len // (2 * s))}")

@@ -9,7 +9,9 @@ ffn = F·h the gated-MLP width, V vocabulary; T tensor degree, Σ sequence degre
 
 Parameters (Llama block, SwiGLU, RMSNorm, untied LM head, tsp-method.md §4):
     per layer   W = (2 + 2/g)·h² [Q, K, V, O]  +  3·ffn·h [gate, up, down]      (+ 2h RMSNorm weights)
-    replicated  2·V·h [embedding + untied LM head] + (2L + 1)·h [norms]  -- on every rank, in every scheme
+    edges       2·V·h [embedding + untied LM head]: split by vocabulary over T in tp, tp_msp and tp_sp
+                (Megatron's vocabulary parallelism, tspbench/schemes/vocab.py), replicated in sp and tsp
+    replicated  (2L + 1)·h [norms]  -- on every rank, in every scheme
     sharded     W / T for tp, tp_msp, tp_sp;  W / D for tsp;  not at all for sp (weights replicated)
 
 Model state bytes per parameter k (AdamW): dtype weights + grad_dtype grads + fp32 m, v (+ fp32 master when
@@ -52,7 +54,8 @@ class Layout:
     seq_div: int     # token-wise tensors hold B·S / seq_div tokens
     head_div: int    # head/channel-sharded activations are further ÷ head_div (1 for tsp: a rank does all heads)
     rep_div: int     # TP-replicated token-wise activations ÷ rep_div (T for Megatron-SP)
-    loss_div: int    # the (replicated) LM head runs on B·S / loss_div tokens per rank
+    loss_div: int    # the LM head and loss run on B·S / loss_div tokens per rank
+    vocab_div: int = 1  # … over V / vocab_div classes (T where the vocabulary is split over the tensor axis)
 
 
 def layout(par: ParallelConfig) -> Layout:
@@ -60,14 +63,14 @@ def layout(par: ParallelConfig) -> Layout:
     if s == "single":
         return Layout(1, 1, 1, 1, 1, 1, 1)
     if s == "tp":
-        return Layout(d, 1, d, 1, d, 1, 1)
-    if s == "tp_msp":
-        return Layout(d, 1, d, 1, d, d, d)
+        return Layout(d, 1, d, 1, d, 1, 1, d)
+    if s == "tp_msp":   # the head gathers the sequence: all B·S tokens over V/T classes
+        return Layout(d, 1, d, 1, d, d, 1, d)
     if s == "sp":
         return Layout(1, d, 1, d, 1, 1, d)
     if s == "tp_sp":
         t, sig = par.tp_degree, par.sp_degree
-        return Layout(t, sig, t, sig, t, 1, sig)
+        return Layout(t, sig, t, sig, t, 1, sig, t)
     if s == "tsp":
         return Layout(d, d, d, d, 1, 1, d)
     raise ValueError(f"scheme={s!r} is unknown")
@@ -86,16 +89,18 @@ def non_embedding_params(model: ModelConfig) -> int:
     return model.n_layers * layer_weight_params(model)
 
 
-def replicated_params(model: ModelConfig, layers: int | None = None) -> int:
-    """Held in full by every rank of every scheme: RMSNorm weights, and (full model only) embedding + LM head."""
+def replicated_params(model: ModelConfig, layers: int | None = None, par: ParallelConfig | None = None) -> float:
+    """Norm weights (held in full by every rank) and, for the full model, embedding + LM head: whole, or this
+    rank's 1/T vocabulary slice when `par` splits the vocabulary (par.vocab_degree)."""
     if layers is not None:
         return 2 * model.dim * layers
-    return (2 * model.n_layers + 1) * model.dim + 2 * model.vocab_size * model.dim
+    vocab_div = par.vocab_degree if par is not None else 1
+    return (2 * model.n_layers + 1) * model.dim + 2 * model.vocab_size * model.dim / vocab_div
 
 
 def params_per_device(model: ModelConfig, par: ParallelConfig, layers: int | None = None) -> float:
     n_layers = model.n_layers if layers is None else layers
-    return n_layers * layer_weight_params(model) / layout(par).weight_div + replicated_params(model, layers)
+    return n_layers * layer_weight_params(model) / layout(par).weight_div + replicated_params(model, layers, par)
 
 
 def state_bytes_per_param(dtype: str = "bfloat16", optimizer: str = "adamw", master_fp32: bool = True,
@@ -126,7 +131,7 @@ class Geometry:
 
     n_res: float      # tokens of the residual stream: norms, residual adds, block inputs
     n_gemm: float     # tokens entering the attention / MLP GEMMs (tp_msp all-gathers them to B·S)
-    n_loss: float     # tokens through the final norm, LM head and loss
+    n_loss: float     # tokens through the LM head and loss (the final norm runs on n_res)
     t: int            # head / channel split of the block weights (tsp: handled whole-layer, see below)
     kv_tokens: float  # tokens of the K/V a rank attends with after the exchange (0: its own, no exchange)
     chunked: bool     # attention via layout.attend_shard: per-chunk SDPA + cat, so W_O saves a flattened copy
@@ -147,7 +152,7 @@ def geometry(par: ParallelConfig, seq_len: int, batch: int) -> Geometry:
     if s == "tp":
         return Geometry(n, n, n, d, 0, False, False, batch)
     if s == "tp_msp":
-        return Geometry(n / d, n, n / d, d, 0, False, True, batch)
+        return Geometry(n / d, n, n, d, 0, False, True, batch)
     if s == "sp":
         return Geometry(n / d, n / d, n / d, 1, n, True, False, batch)
     if s == "tp_sp":
@@ -250,16 +255,19 @@ def layer_backward_working_set(model: ModelConfig, par: ParallelConfig, seq_len:
 
 def head_saved_bytes(model: ModelConfig, par: ParallelConfig, seq_len: int, batch: int,
                      dtype: str = "bfloat16") -> float:
-    """Final norm, the LM-head input and the fp32 log-softmax output cross-entropy saves (replicated LM head
-    on each rank's loss tokens)."""
-    geo, b = geometry(par, seq_len, batch), BYTES[dtype]
-    return geo.n_loss * (norm_saved_per_token(model, b) + model.dim * b + model.vocab_size * 4)
+    """Final norm (on the residual tokens), the LM-head input and the cross-entropy's fp32 [tokens, V/vocab_div]
+    buffer: log-softmax (F.cross_entropy, replicated head) or softmax (vocabulary-parallel, which also saves
+    each token's int64 id within the slice and a bool mask)."""
+    geo, b, vd = geometry(par, seq_len, batch), BYTES[dtype], layout(par).vocab_div
+    ids = 9 if vd > 1 else 0
+    return (geo.n_res * norm_saved_per_token(model, b)
+            + geo.n_loss * (model.dim * b + model.vocab_size / vd * 4 + ids))
 
 
 def largest_param_elems(model: ModelConfig, par: ParallelConfig) -> float:
     """The biggest single parameter a rank holds (its optimizer update's transient is per parameter)."""
     lay = layout(par)
-    return max(model.vocab_size * model.dim, model.ffn_hidden * model.dim / lay.weight_div,
+    return max(model.vocab_size * model.dim / lay.vocab_div, model.ffn_hidden * model.dim / lay.weight_div,
                model.n_heads * model.head_dim * model.dim / lay.weight_div)
 
 
@@ -311,8 +319,15 @@ def memory_phases(model: ModelConfig, par: ParallelConfig, seq_len: int, batch: 
         out["total"] = sum(out[key] for key in MEMORY_KEYS)
         return out
 
+    lay = layout(par)
+    vd, v_loc = lay.vocab_div, model.vocab_size / lay.vocab_div
     if mode == "forward":
-        logits = geo.n_loss * model.vocab_size * (b + (4 if b < 4 else 0) + 4)
+        if vd > 1:   # logits [tokens, V/T] + the cross-entropy's shifted fp32 copy (exp, softmax in place),
+            # or, tp_msp, the all-gathered head input while the logits are computed
+            gathered = geo.n_loss * h * b if geo.n_loss > geo.n_res else 0.0
+            logits = max(geo.n_loss * v_loc * (b + 4), gathered + geo.n_loss * v_loc * b)
+        else:        # logits + their fp32 copy + log-softmax
+            logits = geo.n_loss * model.vocab_size * (b + (4 if b < 4 else 0) + 4)
         ffn_a = geo.n_gemm * model.ffn_hidden / geo.t * b
         if par.scheme == "tsp":
             ffn_a = geo.n_gemm * model.ffn_hidden / par.degree * b
@@ -328,14 +343,19 @@ def memory_phases(model: ModelConfig, par: ParallelConfig, seq_len: int, batch: 
     block_in = geo.n_res * h * b
     stored = block_in if par.recompute == "full" else layer_saved        # per layer, at the end of forward
     head = head_saved_bytes(model, par, seq_len, batch, dtype)
-    lay = layout(par)
     g_layer = (layer_weight_params(model) / lay.weight_div + 2 * h) * bg
     g_mlp = 3 * model.ffn_hidden * h / lay.weight_div * bg
-    g_embed, g_head = model.vocab_size * h * bg, (model.vocab_size * h + h) * bg
+    g_embed, g_head = v_loc * h * bg, (v_loc * h + h) * bg
     g_all = n_dev * bg
     gath = _gathered_saved_bytes(model, par, seq_len, batch, b)
 
-    out = {"backward": phase(activations=L * stored + head, temporaries=2 * geo.n_loss * model.vocab_size * 4)}
+    # Loss backward: F.cross_entropy's two fp32 [tokens, V] gradients (replicated head), or the vocabulary-
+    # parallel softmax turned into the gradient in place plus its copy in the run dtype; then the final norm's
+    # fp32 backward (its saved fp32 input + 5 fp32 temporaries per element) with the head's weight gradient.
+    ce_tmp = 2 * geo.n_loss * model.vocab_size * 4 if vd == 1 else geo.n_loss * v_loc * b
+    out = {"backward": max(phase(activations=L * stored + head, temporaries=ce_tmp),
+                           phase(grads=g_head, activations=L * stored + geo.n_res * 4 * h,
+                                 temporaries=5 * 4 * h * geo.n_res), key=lambda p: p["total"])}
     ws = layer_backward_working_set(model, par, seq_len, batch, dtype)
     for name, n_stored, grads in (("bwd_first", L, g_head), ("bwd_last", 1, g_all - g_embed - g_layer)):
         best = None
@@ -356,7 +376,13 @@ def memory_phases(model: ModelConfig, par: ParallelConfig, seq_len: int, batch: 
             if best is None or p["total"] > best["total"]:
                 best = p
         out[name] = best
-    out["embed_bwd"] = phase(grads=g_all - g_embed, temporaries=geo.n_res * h * b + g_embed)
+    if vd == 1:      # the incoming gradient and the dense embedding gradient
+        out["embed_bwd"] = phase(grads=g_all - g_embed, temporaries=geo.n_res * h * b + g_embed)
+    else:            # + the masked lookup's gradient; tp_msp's incoming gradient is an all-gather output
+        n_emb = geo.n_loss                              # the embedding sees the head's tokens (tp_msp: all)
+        gathered = n_emb * h * b if geo.n_loss > geo.n_res else 0.0
+        out["embed_bwd"] = phase(grads=g_all - g_embed, temporaries=2 * n_emb * h * b - gathered + g_embed,
+                                 comm_buffers=gathered)
     out["grad_sync"] = phase(grads=g_all, comm_buffers=grad_sync_bucket_elems(model, par) * bg)
     big = largest_param_elems(model, par)
     opt_tmp = big * 4 if (master_fp32 and b < 4 and optimizer == "adamw") else (2 * big * b if optimizer == "adamw"
@@ -437,22 +463,54 @@ def comm_per_layer(model: ModelConfig, par: ParallelConfig, seq_len: int, batch:
             "grad_sync": grad_sync_elems(model, par) if mode == "train" else 0.0}
 
 
+def comm_embed_head(model: ModelConfig, par: ParallelConfig, seq_len: int, batch: int, *,
+                    mode: str = "forward") -> dict[str, dict[str, float]]:
+    """Elements received per device per step by the vocabulary-parallel embedding ("embed") and LM head +
+    cross-entropy ("head"), forward and backward (tspbench/schemes/vocab.py); zero where the vocabulary is
+    replicated (sp, tsp, tp_sp with T = 1). With T the tensor degree, N = B·S tokens, n = N/Σ local tokens:
+        tp, tp_sp   embed  fwd all-reduce of [n, h]               2·n·h·(T−1)/T;  bwd nothing (g's dual)
+                    head   fwd 3 all-reduces of n scalars (max, Σexp, target logit)  6·n·(T−1)/T;
+                           bwd all-reduce of the head-input gradient (f's dual)       2·n·h·(T−1)/T
+        tp_msp      embed  fwd reduce-scatter of [N, h] into the sequence shards  N·h·(T−1)/T; bwd all-gather, the same
+                    head   fwd all-gather of the final norm's output N·h·(T−1)/T + 6·N·(T−1)/T;
+                           bwd reduce-scatter of its gradient                         N·h·(T−1)/T
+    """
+    t, h = par.vocab_degree, model.dim
+    zero = {"fwd": 0.0, "bwd": 0.0}
+    out = {"embed": dict(zero), "head": dict(zero)}
+    if t <= 1:
+        return out
+    f = (t - 1) / t
+    n = batch * seq_len / layout(par).sp
+    if par.scheme == "tp_msp":
+        out["embed"] = {"fwd": n * h * f, "bwd": n * h * f}
+        out["head"] = {"fwd": n * h * f + 6 * n * f, "bwd": n * h * f}
+    else:
+        out["embed"] = {"fwd": 2 * n * h * f, "bwd": 0.0}
+        out["head"] = {"fwd": 6 * n * f, "bwd": 2 * n * h * f}
+    if mode == "forward":
+        out = {k: {"fwd": v["fwd"], "bwd": 0.0} for k, v in out.items()}
+    elif mode != "train":
+        raise ValueError(f"mode={mode!r} is unknown; allowed: train, forward")
+    return out
+
+
 def grad_sync_group(model: ModelConfig, par: ParallelConfig, layers: int | None = None) -> tuple[float, int]:
     """(elements all-reduced, group size) of the per-step in-group gradient all-reduce (not DP).
 
     Ranks that see different tokens produce different partial gradients of a weight they share:
-    sp all-reduces every gradient over Σ; tp_sp the T-sharded weights and replicated ones over Σ; tsp the
-    replicated norm/embedding/LM-head weights over D; tp_msp the same over T (norms, embedding and LM head
-    run on each rank's S/T tokens). tp and single need none (all TP ranks see the same tokens).
+    sp all-reduces every gradient over Σ; tp_sp the T-sharded weights, vocabulary slices and norms over Σ; tsp
+    the replicated norm/embedding/LM-head weights over D; tp_msp the norm weights over T (norms run on each
+    rank's S/T tokens; the vocabulary-parallel embedding and head see every token). tp and single need none.
     """
     lay, s = layout(par), par.scheme
     n_layers = model.n_layers if layers is None else layers
     if s in ("sp", "tp_sp"):
-        return n_layers * layer_weight_params(model) / lay.tp + replicated_params(model, layers), lay.sp
+        return n_layers * layer_weight_params(model) / lay.tp + replicated_params(model, layers, par), lay.sp
     if s == "tsp":
         return replicated_params(model, layers), par.degree
-    if s == "tp_msp":       # the norms, embedding and LM head all run on each rank's own S/T tokens
-        return replicated_params(model, layers), par.degree
+    if s == "tp_msp":       # the norms run on each rank's own S/T tokens (embedding and head see all of them)
+        return replicated_params(model, 0) + (2 * n_layers + (1 if layers is None else 0)) * model.dim, par.degree
     return 0.0, 1
 
 

@@ -159,6 +159,23 @@ def _collectives_time_s(colls, hw: HardwareProfile, elem_bytes: int) -> float:
     return total
 
 
+def edge_collectives(model: ModelConfig, par: ParallelConfig, seq_len: int, batch: int, *,
+                     mode: str = "forward") -> list[tuple[str, int, float, int, int]]:
+    """Once per step: the vocabulary-parallel embedding, LM head and cross-entropy (costmodel.comm_embed_head;
+    none where the vocabulary is replicated). Same tuple format as `layer_collectives`."""
+    t, h = par.vocab_degree, model.dim
+    if t <= 1:
+        return []
+    n = batch * seq_len / layout(par).sp
+    if par.scheme == "tp_msp":
+        fwd = [("reduce_scatter", t, n * h, t, 1), ("allgather", t, n * h, t, 1), ("allreduce", t, n, t, 3)]
+        bwd = [("allgather", t, n * h, t, 1), ("reduce_scatter", t, n * h, t, 1)]
+    else:
+        fwd = [("allreduce", t, n * h, t, 1), ("allreduce", t, n, t, 3)]
+        bwd = [("allreduce", t, n * h, t, 1)]
+    return fwd if mode == "forward" else fwd + bwd
+
+
 # ---------------------------------------------------------------------------------------------- step
 def step_time(model: ModelConfig, par: ParallelConfig, seq_len: int, batch: int, hw: HardwareProfile, *,
               mode: str = "forward", overlap: str = "none", layers: int | None = None,
@@ -166,8 +183,9 @@ def step_time(model: ModelConfig, par: ParallelConfig, seq_len: int, batch: int,
     """One replica's step on one device: compute, communication, and the step under the overlap rule.
 
     Compute: the replica's FLOPs (HFU, i.e. with recompute when par.recompute == "full") split evenly over
-    its ranks, except the replicated LM head, which each rank runs on its own B·S/loss_div tokens.
-    Communication: per-layer collectives × layers, plus (train) the in-group gradient all-reduce.
+    its ranks, except the LM head, which each rank runs on B·S/loss_div tokens × V/vocab_div classes.
+    Communication: per-layer collectives × layers, the vocabulary-parallel embedding / head collectives
+    (full model), plus (train) the in-group gradient all-reduce.
     `layers=None` is the full model (with LM head); `layers=k` a k-block benchmark (no embedding/LM head).
     """
     if overlap not in ("none", "ideal"):
@@ -180,11 +198,13 @@ def step_time(model: ModelConfig, par: ParallelConfig, seq_len: int, batch: int,
     flops = batch * seq_len * body / par.degree
     if layers is None:                                   # LM head: 2·V·h per token, ×3 (×4) in training
         mult = 1 if mode == "forward" else (4 if recompute else 3)
-        flops += batch * seq_len / lay.loss_div * 2 * model.vocab_size * model.dim * mult
+        flops += batch * seq_len / lay.loss_div * 2 * model.vocab_size / lay.vocab_div * model.dim * mult
     compute_s = flops / (hw.peak_flops(dtype) * hw.matmul_efficiency)
 
     colls = layer_collectives(model, par, seq_len, batch, mode=mode, regather_kv=regather_kv)
     comm_s = n_layers * _collectives_time_s(colls, hw, b)
+    if layers is None:
+        comm_s += _collectives_time_s(edge_collectives(model, par, seq_len, batch, mode=mode), hw, b)
     if mode == "train":
         n_sync, p = grad_sync_group(model, par, layers)      # the Σ axis of tp_sp spans the whole replica
         comm_s += _collectives_time_s([("allreduce", p, n_sync, par.degree, 1)], hw, b)

@@ -719,6 +719,10 @@ def _parse(argv: list[str]) -> tuple[ModelConfig, ParallelConfig, dict[str, Any]
 
     import yaml
 
+    bad = [a for a in argv if "=" not in a]
+    if bad:
+        raise SystemExit(f"usage: python -m tspbench.estimate key=value ... (keys: {_parse.__doc__.split(':', 1)[1].strip()}); "
+                         f"got {' '.join(bad)!r}")
     kv = dict(a.split("=", 1) for a in argv)
     mcfg: dict[str, Any] = {}
     if "model" in kv:
@@ -737,7 +741,8 @@ def _parse(argv: list[str]) -> tuple[ModelConfig, ParallelConfig, dict[str, Any]
     if "rank" in kv:
         run["rank"] = int(kv.pop("rank"))
     if kv:
-        raise SystemExit(f"tspbench.estimate: unknown keys {sorted(kv)}")
+        raise SystemExit(f"tspbench.estimate: unknown keys {sorted(kv)}; allowed: model, model.<field>, "
+                         f"{', '.join(pfields)}, seq_len, batch, mode, dtype, rank, hardware, attention")
     return model, par, run
 
 

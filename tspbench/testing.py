@@ -63,10 +63,34 @@ def no_reduce_to_owner():
         yield
 
 
+@contextlib.contextmanager
+def unmasked_vocab_shard():
+    """Vocabulary-parallel embedding / cross-entropy: ids outside this rank's slice are wrapped into it
+    instead of masked, so every shard adds a wrong row (and a wrong target logit)."""
+    from tspbench.schemes.vocab import VocabShard
+
+    def local_ids(self, tokens):
+        local = (tokens - self.start) % self.size
+        return local, torch.zeros_like(local, dtype=torch.bool)
+    with mock.patch.object(VocabShard, "local_ids", local_ids):
+        yield
+
+
+@contextlib.contextmanager
+def head_input_grad_not_reduced():
+    """Vocabulary-parallel LM head without Megatron's f: each rank back-propagates only its V/T classes'
+    share of the head-input gradient."""
+    from tspbench.schemes import vocab
+    with mock.patch.object(vocab, "copy_to_region", lambda x, comm: x):
+        yield
+
+
 BREAKAGES = {
     "missing_allreduce": missing_allreduce,
     "wrong_zigzag_order": wrong_zigzag_order,
     "skipped_ring_hop": skipped_ring_hop,
     "missing_grad_sync": missing_grad_sync,
     "no_reduce_to_owner": no_reduce_to_owner,
+    "unmasked_vocab_shard": unmasked_vocab_shard,
+    "head_input_grad_not_reduced": head_input_grad_not_reduced,
 }

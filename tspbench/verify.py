@@ -97,6 +97,7 @@ class CaseResult:
     checks: list[TensorCheck]
     comm_layer0: dict          # recv elements per phase, layer 0, one forward+backward
     comm_ops_layer0: list      # (op, phase, numel, recv_numel) for layer 0
+    comm_edges: dict           # recv elements per phase of the embedding ("embed") and LM head + loss ("head")
     param_bytes: list[int]     # per rank
     activation_bytes: list[int]  # per rank: bytes saved for backward by one forward (params excluded)
     breakage: str | None = None
@@ -143,6 +144,7 @@ def run_case(vc: VerifyConfig, breakage: str | None = None) -> CaseResult | None
         loss.backward()
         comm_layer0 = log.summary("layer0")
         ops0 = [(r.op, r.phase, r.numel, r.recv_numel) for r in log.records if r.tag == "layer0"]
+        edges = {tag: log.summary(tag) for tag in ("embed", "head")}
         pm.finish_grad_sync()
     replica_loss = pm.replica_loss(loss)
     full_logits = pm.full_logits(logits.detach())
@@ -172,7 +174,7 @@ def run_case(vc: VerifyConfig, breakage: str | None = None) -> CaseResult | None
     if opt_step:
         torch.optim.AdamW(ref.parameters(), lr=1e-2, weight_decay=0.1).step()
         checks += [_check(f"param/{n}", params[n], p, tol) for n, p in ref_params.items()]
-    return CaseResult(asdict(vc), checks, comm_layer0, ops0, [s[0] for s in sizes], [s[1] for s in sizes],
+    return CaseResult(asdict(vc), checks, comm_layer0, ops0, edges, [s[0] for s in sizes], [s[1] for s in sizes],
                       breakage)
 
 

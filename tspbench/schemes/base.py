@@ -9,6 +9,7 @@ group, and how to put every local tensor back to full shape for verification.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -19,6 +20,9 @@ from tspbench.config import ModelConfig, ParallelConfig
 from tspbench.model import Transformer, init_full_param, token_loss_sum
 from tspbench.schemes.comm import Comm, CommLog
 from tspbench.schemes.layout import SeqLayout
+
+if TYPE_CHECKING:
+    from tspbench.schemes.vocab import VocabShard
 
 # Mesh axes per scheme, outermost first. The tensor axis is innermost (fastest-varying ranks), as in
 # Megatron, so a tensor group stays inside one node.
@@ -74,13 +78,16 @@ class ParallelModel(nn.Module):
     shards:  local parameter name → Shard
     seq:     the group whose ranks hold different tokens of one replica (None if tokens are replicated)
     dp:      the data-parallel group (None if dp = 1)
+    vocab:   this rank's vocabulary slice when the embedding / LM head are split (schemes/vocab.py): the
+             logits are then [B, S_loc, V/T] and the loss is the vocabulary-parallel cross-entropy
     """
 
     def __init__(self, module: Transformer, par: ParallelConfig, shards: dict[str, Shard],
-                 layout: SeqLayout | None, seq: Comm | None, dp: Comm | None, log: CommLog):
+                 layout: SeqLayout | None, seq: Comm | None, dp: Comm | None, log: CommLog,
+                 vocab: VocabShard | None = None):
         super().__init__()
         self.module, self.par, self.shards = module, par, shards
-        self.layout, self.seq, self.dp, self.log = layout, seq, dp, log
+        self.layout, self.seq, self.dp, self.log, self.vocab = layout, seq, dp, log, vocab
         for i, block in enumerate(module.layers):  # tag every collective with its layer
             block.register_forward_pre_hook(lambda m, a, i=i: setattr(self.log, "tag", f"layer{i}"))
         module.norm.register_forward_pre_hook(lambda m, a: setattr(self.log, "tag", "head"))
@@ -106,6 +113,9 @@ class ParallelModel(nn.Module):
         Returns (loss to backward, logits)."""
         logits = self(tokens, positions)
         n_tokens = targets.shape[0] * (self.layout.seq_len if self.layout else targets.shape[1])
+        if self.vocab is not None:
+            from tspbench.schemes.vocab import vocab_parallel_loss_sum
+            return vocab_parallel_loss_sum(logits, targets, self.vocab) / n_tokens, logits
         return token_loss_sum(logits, targets) / n_tokens, logits
 
     def replica_loss(self, local_loss: torch.Tensor) -> torch.Tensor:
@@ -160,8 +170,10 @@ class ParallelModel(nn.Module):
             return out
 
     def full_logits(self, logits: torch.Tensor) -> torch.Tensor:
-        """Local logits [B, S_loc, V] → this replica's logits [B, S, V] in logical order."""
+        """Local logits [B, S_loc, V] (or [B, S_loc, V/T]) → this replica's logits [B, S, V] in logical order."""
         with _no_log(self.log):
+            if self.vocab is not None:
+                logits = self.vocab.comm.all_gather(logits.contiguous(), -1)
             if self.seq is None or self.layout is None:
                 return logits
             return self.layout.unshard(self.seq.all_gather(logits.contiguous(), 1), 1)

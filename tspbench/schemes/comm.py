@@ -65,6 +65,9 @@ class CommLog:
         return out
 
 
+_REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
+
+
 class Comm:
     """A process group and the log its traffic is recorded in. `rank`/`size` are within the group."""
 
@@ -88,9 +91,11 @@ class Comm:
             bytes=t.numel() * t.element_size(), recompute=in_bwd and not self.log.in_backward_fn and phase is None))
 
     # ---- raw collectives (recorded, not differentiable) -------------------------------------------
-    def all_reduce(self, x: torch.Tensor, tag: str | None = None, phase: str | None = None) -> torch.Tensor:
+    def all_reduce(self, x: torch.Tensor, tag: str | None = None, phase: str | None = None,
+                   op: str = "sum") -> torch.Tensor:
+        """In place: element-wise sum (or max, `op="max"`) over the group."""
         self.record("all_reduce", x, 2 * x.numel() * (self.size - 1) / self.size, phase, tag)
-        dist.all_reduce(x, group=self.group)
+        dist.all_reduce(x, op=_REDUCE_OPS[op], group=self.group)
         return x
 
     def all_gather(self, x: torch.Tensor, dim: int) -> torch.Tensor:

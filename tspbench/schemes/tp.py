@@ -8,8 +8,10 @@ Communication per layer (B·S·h elements each):
     forward   f = identity, g = all-reduce   → 2 all-reduces (after attention, after MLP)
     backward  f = all-reduce, g = identity   → 2 all-reduces
     volume    4·B·S·h·(T−1)/T received per rank forward (tsp-method.md §5), the same backward.
-Tokens are replicated: every rank runs norms, residuals, embedding and LM head on the full sequence, so
-their (replicated) weights get identical gradients and need no reduction.
+Tokens are replicated: every rank runs norms and residuals on the full sequence, so the (replicated) norm
+weights get identical gradients and need no reduction. Embedding and LM head are split by vocabulary
+(schemes/vocab.py): one more all-reduce after the embedding, the LM head's f, and three B·S-scalar
+all-reduces in the cross-entropy; the logits stay [B, S, V/T].
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from tspbench.model import causal_attention, project_qkv, swiglu
 from tspbench.schemes.base import (ApplyArgs, ParallelModel, Shard, materialise_replicated, meta_model,
                                    slice_param)
 from tspbench.schemes.comm import Comm, copy_to_region, reduce_from_region
+from tspbench.schemes.vocab import shard_vocab
 
 # (reference parameter, shard dim): column-parallel weights split rows (dim 0), row-parallel columns (dim 1).
 ATTN_SPLIT = {"wq": 0, "wk": 0, "wv": 0, "wo": 1}
@@ -87,8 +90,9 @@ def apply(cfg: ModelConfig, par: ParallelConfig, args: ApplyArgs) -> ParallelMod
         block.attention = TPAttention(shard_block_weights(block.attention, f"layers.{i}.attention", ATTN_SPLIT,
                                                           comm, args, shards), comm, cfg)
         block.mlp = TPMLP(shard_block_weights(block.mlp, f"layers.{i}.mlp", MLP_SPLIT, comm, args, shards), comm)
+    vocab = shard_vocab(module, cfg, comm, args, shards, grad_sum=None, sequence_parallel=False)
     materialise_replicated(module, shards, args.seed, args.dtype, args.device, grad_sum=None)
-    return ParallelModel(module, par, check_shards(module, shards), None, None, args.comm("dp"), args.log)
+    return ParallelModel(module, par, check_shards(module, shards), None, None, args.comm("dp"), args.log, vocab)
 
 
 def check_shards(module: nn.Module, shards: dict[str, Shard]) -> dict[str, Shard]:

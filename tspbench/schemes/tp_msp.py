@@ -1,8 +1,8 @@
 """tp_msp — TP + Megatron sequence parallelism over T ranks (Korthikanti et al. 2022).
 
 Maths. Identical weight split to `tp` (column-parallel Q,K,V and gate/up, row-parallel O and down). The
-difference is only outside the GEMMs: norms, residuals, embedding and LM head run on a contiguous 1/T slice
-of the sequence, so their activations are not replicated. Entering a block the shard is all-gathered to the
+difference is only outside the GEMMs: norms and residuals run on a contiguous 1/T slice of the sequence,
+so their activations are not replicated. Entering a block the shard is all-gathered to the
 full sequence (g̅); leaving it, the row-parallel partial sums are reduce-scattered back to shards (ḡ),
 replacing TP's all-reduce with the same volume.
 
@@ -10,8 +10,12 @@ Communication per layer (B·S·h elements each):
     forward   attention: all-gather in, reduce-scatter out; MLP: the same → 2 AG + 2 RS
     backward  the duals: reduce-scatter for each all-gather, all-gather for each reduce-scatter
     volume    4·B·S·h·(T−1)/T received per rank forward (tsp-method.md §5), the same backward.
-Sequence-sharded replicated weights (norms, embedding, LM head) see different tokens on each rank, so their
-gradients are summed over the group after backward (Megatron's allreduce of sequence-parallel grads).
+Embedding and LM head are split by vocabulary, as in Megatron (schemes/vocab.py): the embedding takes the
+whole sequence's token ids and reduce-scatters its partial lookups into the sequence-sharded residual stream;
+the head all-gathers the final norm's output and produces [B, S, V/T] logits, so the cross-entropy (and the
+loss) is over the whole sequence and replicated over the group, exactly as in tp.
+The norm weights see different tokens on each rank, so their gradients are summed over the group after
+backward (Megatron's all-reduce of sequence-parallel gradients).
 """
 from __future__ import annotations
 
@@ -20,7 +24,7 @@ import torch
 from tspbench.config import ModelConfig, ParallelConfig
 from tspbench.schemes.base import ApplyArgs, ParallelModel, materialise_replicated, meta_model
 from tspbench.schemes.comm import gather_from_sequence, reduce_scatter_to_sequence
-from tspbench.schemes.layout import SeqLayout
+from tspbench.schemes.vocab import shard_vocab
 from tspbench.schemes.tp import ATTN_SPLIT, MLP_SPLIT, TPAttention, TPMLP, check_shards, shard_block_weights
 
 
@@ -50,6 +54,8 @@ def apply(cfg: ModelConfig, par: ParallelConfig, args: ApplyArgs) -> ParallelMod
         block.attention = MSPAttention(shard_block_weights(block.attention, f"layers.{i}.attention", ATTN_SPLIT,
                                                            comm, args, shards), comm, cfg)
         block.mlp = MSPMLP(shard_block_weights(block.mlp, f"layers.{i}.mlp", MLP_SPLIT, comm, args, shards), comm)
+    vocab = shard_vocab(module, cfg, comm, args, shards, grad_sum=None, sequence_parallel=True)
     materialise_replicated(module, shards, args.seed, args.dtype, args.device, grad_sum=comm)
-    layout = SeqLayout(args.seq_len, comm.size, comm.rank, zigzag=False)
-    return ParallelModel(module, par, check_shards(module, shards), layout, comm, args.comm("dp"), args.log)
+    # Inputs, targets and the loss cover the whole sequence (as in tp): the embedding scatters the sequence
+    # into contiguous S/T shards and the head gathers it back; the blocks' enter re-derives positions.
+    return ParallelModel(module, par, check_shards(module, shards), None, None, args.comm("dp"), args.log, vocab)

@@ -15,7 +15,9 @@ a head shard):
     backward  tp: 2 all-reduces of a (the f's: attention and MLP inputs)   the same
               sp: 2 reduce-scatters, input n (dK, dV) — or Σ−1 reverse hops
     volume    4·B·(S/Σ)·h·(T−1)/T + 2·B·S·(h/(g·T))·(Σ−1)/Σ per rank forward (tsp-method.md §5).
-Each weight shard (and each replicated embedding / norm / head weight) is used by the Σ ranks of an sp
+Embedding and LM head are split by vocabulary over tp (schemes/vocab.py; replicated when T = 1, as in sp):
+logits [B, S/Σ, V/T]; the cross-entropy's all-reduces run over tp, the loss shares sum over sp.
+Each weight shard (and each vocabulary slice and replicated norm weight) is used by the Σ ranks of an sp
 group on different tokens, so its gradient is summed over sp after backward (finish_grad_sync).
 T = 1 or Σ = 1 are allowed (degree ≥ 2): `ApplyArgs.comm` returns None for a size-1 axis and the
 collectives of that axis are skipped.
@@ -30,6 +32,7 @@ from tspbench.schemes.base import ApplyArgs, ParallelModel, Shard, materialise_r
 from tspbench.schemes.comm import Comm, copy_to_region, reduce_from_region
 from tspbench.schemes.layout import SeqLayout
 from tspbench.schemes.sp import attend_sequence, replicated_weights
+from tspbench.schemes.vocab import shard_vocab
 from tspbench.schemes.tp import ATTN_SPLIT, MLP_SPLIT, TPAttention, TPMLP, check_shards, shard_block_weights
 
 
@@ -89,5 +92,6 @@ def apply(cfg: ModelConfig, par: ParallelConfig, args: ApplyArgs) -> ParallelMod
         aw = _block_weights(block.attention, f"layers.{i}.attention", ATTN_SPLIT, tp, args, shards, sp)
         block.attention = TPSPAttention(aw, tp, sp, layout, cfg, par.sp_variant)
         block.mlp = TPSPMLP(_block_weights(block.mlp, f"layers.{i}.mlp", MLP_SPLIT, tp, args, shards, sp), tp)
+    vocab = shard_vocab(module, cfg, tp, args, shards, grad_sum=sp, sequence_parallel=False) if tp else None
     materialise_replicated(module, shards, args.seed, args.dtype, args.device, grad_sum=sp)
-    return ParallelModel(module, par, check_shards(module, shards), layout, sp, args.comm("dp"), args.log)
+    return ParallelModel(module, par, check_shards(module, shards), layout, sp, args.comm("dp"), args.log, vocab)
