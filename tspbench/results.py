@@ -154,7 +154,7 @@ def summary_table(records: Iterable[dict[str, Any]]) -> str:
         r.get("seq_len") or 0, SCHEME_ORDER.index(r["scheme"]) if r.get("scheme") in SCHEME_ORDER else 99,
         r.get("degree") or 0, r.get("batch") or 0, str(r.get("mode")), str(r.get("sp_variant"))))
     head = (f"{'scheme':<8} {'variant':<9} {'deg':>3} {'T×Σ':>5} {'dp':>3} {'S':>7} {'B':>3} {'mode':<7} {'status':<8} "
-            f"{'tok/s/dev':>11} {'step ms':>9} {'peak GiB':>10} {'J/token':>9} {'MFU%':>6}")
+            f"{'method':<9} {'tok/s/dev':>11} {'step ms':>9} {'peak GiB':>10} {'J/token':>9} {'MFU%':>6}")
     lines = [head, "-" * len(head)]
     starred = cpu = offline = False
 
@@ -169,14 +169,13 @@ def summary_table(records: Iterable[dict[str, Any]]) -> str:
             peak, star = m["mem_total_gib"], "*"
             starred = starred or r.get("method", "measured") == "measured"
             if r.get("method") in ("estimated", "modelled"):
-                star = "e" if r["method"] == "estimated" else "m"
-                offline = True
+                star, offline = "", True
         cpu = cpu or bool(r.get("cpu_note"))
         txs = f"{r.get('tp_degree') or '-'}×{r.get('sp_degree') or '-'}"
         lines.append(
             f"{r.get('scheme', '?'):<8} {r.get('sp_variant') or '':<9} {r.get('degree', 0):>3} {txs:>5} {r.get('dp', 1):>3} "
             f"{r.get('seq_len', 0):>7} {r.get('batch', 0):>3} {str(r.get('mode')):<7} {r['status']:<8} "
-            f"{fmt(m.get('tokens_per_s_per_device'), ',.0f'):>11} {fmt(m.get('step_time_ms_p50'), '.1f'):>9} "
+            f"{r.get('method') or 'measured':<9} {fmt(m.get('tokens_per_s_per_device'), ',.0f'):>11} {fmt(m.get('step_time_ms_p50'), '.1f'):>9} "
             f"{fmt(peak, '.3g') + star:>10} {fmt(m.get('energy_j_per_token'), '.3g'):>9} "
             f"{fmt(m.get('mfu_causal_pct'), '.1f'):>6}")
     n_ok = sum(r["status"] == "ok" for r in recs)
@@ -192,8 +191,8 @@ def summary_table(records: Iterable[dict[str, Any]]) -> str:
     if starred:
         lines.append("* peak GiB: MemTracker total at the rank's peak (no allocator peaks on this device)")
     if offline:
-        lines.append("e / m: peak GiB estimated (fake tensors) / modelled (formulas); tok/s of modelled rows is "
-                     "predicted on the hardware profile, not measured")
+        lines.append("estimated: fake tensors running the scheme code; modelled: closed-form formulas. Their peak GiB "
+                     "and tok/s are predictions on the hardware profile, not measurements")
     if cpu:
         lines.append("CPU (gloo): checks the machinery, not GPU performance; J/token and MFU are "
                      "unavailable on CPU")
