@@ -9,13 +9,13 @@ from tspbench.verify import run_cases
 @pytest.fixture(scope="session")
 def parity_results():
     """world size → {case id: result dict}; computed lazily, once per world size."""
-    from parity_cases import case_id, cases_for_world
+    from parity_cases import all_cases_for_world, case_id
 
     cache: dict[int, dict[str, dict]] = {}
 
     def get(world: int) -> dict[str, dict]:
         if world not in cache:
-            cases = cases_for_world(world)
+            cases = all_cases_for_world(world)
             results = run_cases(cases, world)
             cache[world] = {case_id(vc, b): r for (vc, b), r in zip(cases, results)}
         return cache[world]

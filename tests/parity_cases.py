@@ -32,6 +32,8 @@ def case_id(vc: VerifyConfig, breakage: str | None) -> str:
         s += f"-{vc.sp_variant}"
     if vc.scheme == "tp_sp":
         s += f"-T{vc.tp}"
+    if vc.decode_steps:
+        s += f"-decode{vc.decode_steps}"
     return s + (f"-BROKEN_{breakage}" if breakage else "")
 
 
@@ -78,5 +80,29 @@ def cases_for_world(world: int) -> list[tuple[VerifyConfig, str | None]]:
     return out
 
 
+def decode_cases_for_world(world: int) -> list[tuple[VerifyConfig, str | None]]:
+    """Serving: prefill 32 tokens, decode a multiple of the group size (4; 8 at D = 8), so the cache is balanced."""
+    out: list[tuple[VerifyConfig, str | None]] = []
+    dec = lambda model, scheme, degree, variant="allgather", tp=0, dp=1: replace(  # noqa: E731
+        _vc(model, scheme, degree, variant, tp, dp), decode_steps=4)
+    if world in VARIANTS:
+        for scheme, variant, tp in VARIANTS[world]:
+            for model in (MHA, GQA):
+                out.append((dec(model, scheme, world, variant, tp), None))
+    if world == 4:
+        out += [(dec(GQA, "tsp", 2, dp=2), None), (dec(MHA, "single", 1, dp=4), None)]
+    if world == 8:
+        out += [(replace(dec(GQA8, "tsp", 8), decode_steps=8), None)]
+    if world == 2:  # non-vacuity: the same comparison must fail
+        out += [(dec(MHA, "tsp", 2), "decode_cached_everywhere"), (dec(MHA, "sp", 2), "decode_cached_everywhere"),
+                (dec(MHA, "tp", 2), "missing_allreduce"), (dec(MHA, "tsp", 2), "missing_allreduce")]
+    return out
+
+
+def all_cases_for_world(world: int) -> list[tuple[VerifyConfig, str | None]]:
+    return cases_for_world(world) + decode_cases_for_world(world)
+
+
 WORLDS = (2, 4, 8)
 ALL = {case_id(vc, b): (w, vc, b) for w in WORLDS for vc, b in cases_for_world(w)}
+DECODE = {case_id(vc, b): (w, vc, b) for w in WORLDS for vc, b in decode_cases_for_world(w)}

@@ -97,15 +97,40 @@ def swiglu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: to
     return F.linear(F.silu(F.linear(x, w_gate)) * F.linear(x, w_up), w_down)
 
 
+class LayerKV:
+    """One layer's KV cache: K and V of the tokens seen so far, [B, n_kv, L, d] each (a scheme keeps its own
+    heads and/or tokens), grown by `append` along the token dimension. Serving only (no autograd)."""
+
+    def __init__(self):
+        self.k: torch.Tensor | None = None
+        self.v: torch.Tensor | None = None
+
+    @property
+    def length(self) -> int:
+        return 0 if self.k is None else self.k.shape[2]
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Add new tokens' K/V (dim 2); returns the whole cache."""
+        k, v = k.detach(), v.detach()
+        self.k = k if self.k is None else torch.cat([self.k, k], dim=2)
+        self.v = v if self.v is None else torch.cat([self.v, v], dim=2)
+        return self.k, self.v
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.k, self.v) if t is not None)
+
+
 class Attention(nn.Module):
     """Causal GQA attention with RoPE. Local head counts come from the weight shapes, never a config,
-    so a scheme can hand this math sharded weights."""
+    so a scheme can hand this math sharded weights. With `kv` set (serving), each call appends its tokens'
+    K/V to the cache and attends against everything cached: prefill, then one token per decode step."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         h, d = cfg.dim, cfg.head_dim
         self.head_dim = d
         self.rope_theta = cfg.rope_theta
+        self.kv: LayerKV | None = None
         self.wq = nn.Parameter(torch.empty(cfg.n_heads * d, h))      # [n_h·d, h]
         self.wk = nn.Parameter(torch.empty(cfg.n_kv_heads * d, h))   # [n_kv·d, h]
         self.wv = nn.Parameter(torch.empty(cfg.n_kv_heads * d, h))   # [n_kv·d, h]
@@ -114,7 +139,11 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         # x: [B, S, h]; positions: [S] = arange(S) for the reference
         q, k, v = project_qkv(x, self.wq, self.wk, self.wv, positions, self.head_dim, self.rope_theta)
-        o = causal_attention(q, k, v, q_offset=0)                    # [B, n_h, S, d]
+        offset = 0
+        if self.kv is not None:                                      # serving: attend to the cache too
+            offset = self.kv.length
+            k, v = self.kv.append(k, v)
+        o = causal_attention(q, k, v, q_offset=offset)               # [B, n_h, S, d]
         return F.linear(o.transpose(1, 2).flatten(2), self.wo)
 
 
@@ -165,6 +194,14 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.lm_head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+
+    def start_kv_cache(self) -> list[LayerKV]:
+        """Give every attention an empty KV cache: the next forward is the prefill, each later one decodes
+        (call with the new tokens and their global positions, under torch.no_grad)."""
+        caches = [LayerKV() for _ in self.layers]
+        for block, kv in zip(self.layers, caches):
+            block.attention.kv = kv
+        return caches
 
     @torch.no_grad()
     def init_weights(self, seed: int) -> "Transformer":

@@ -85,6 +85,16 @@ def head_input_grad_not_reduced():
         yield
 
 
+@contextlib.contextmanager
+def decode_cached_everywhere():
+    """Serving: every rank of the sequence group caches the new token (not just its owner), so the merged
+    decode attention counts it once per rank."""
+    from tspbench.schemes import decode, tsp
+    with mock.patch.object(decode, "is_owner", lambda position, comm: True), \
+            mock.patch.object(tsp, "is_owner", lambda position, comm: True):
+        yield
+
+
 BREAKAGES = {
     "missing_allreduce": missing_allreduce,
     "wrong_zigzag_order": wrong_zigzag_order,
@@ -93,4 +103,5 @@ BREAKAGES = {
     "no_reduce_to_owner": no_reduce_to_owner,
     "unmasked_vocab_shard": unmasked_vocab_shard,
     "head_input_grad_not_reduced": head_input_grad_not_reduced,
+    "decode_cached_everywhere": decode_cached_everywhere,
 }

@@ -66,6 +66,9 @@ class VerifyConfig:
     """cpu (gloo) | cuda (nccl)."""
     optimizer_step: bool = True
     """Also compare parameters after one AdamW step (float64 only; see the module docstring)."""
+    decode_steps: int = 0
+    """Serving instead of training: prefill seq_len tokens into a KV cache, then decode this many tokens one
+    at a time, comparing the prefill and every decode step's logits with the reference (tspbench/verify_decode.py)."""
 
     def parallel(self) -> ParallelConfig:
         return ParallelConfig(scheme=self.scheme, degree=self.degree, tp=self.tp, dp=self.dp,
@@ -76,6 +79,8 @@ class VerifyConfig:
             raise ConfigError(f"dtype={self.dtype!r} is unknown; allowed: {', '.join(DTYPES)}")
         if self.device not in ("cpu", "cuda"):
             raise ConfigError(f"device={self.device!r} is unknown; allowed: cpu, cuda")
+        if self.decode_steps < 0:
+            raise ConfigError(f"decode_steps={self.decode_steps} must be ≥ 0 (0: training parity)")
         if self.device == "cuda" and torch.cuda.device_count() < self.parallel().world_size:
             raise ConfigError(f"device=cuda needs {self.parallel().world_size} GPUs (dp × degree), "
                               f"found {torch.cuda.device_count()}; use device=cpu")
@@ -101,6 +106,7 @@ class CaseResult:
     param_bytes: list[int]     # per rank
     activation_bytes: list[int]  # per rank: bytes saved for backward by one forward (params excluded)
     breakage: str | None = None
+    kv_cache_bytes: list[int] = field(default_factory=list)  # per rank, after prefill + decode (serving)
 
     @property
     def ok(self) -> bool:
@@ -186,9 +192,11 @@ def _breakage(name: str | None):
 
 
 def _worker(rank: int, world: int, cases: list[tuple[VerifyConfig, str | None]], out_file: str) -> None:
+    from tspbench.verify_decode import run_decode_case
+
     results = []
     for vc, breakage in cases:
-        res = run_case(vc, breakage)
+        res = (run_decode_case if vc.decode_steps else run_case)(vc, breakage)
         if res is not None:
             results.append(res)
         dist.barrier()
@@ -223,7 +231,8 @@ def format_result(r: dict) -> str:
         lines.append(f"{t['name']:44s} {t['max_abs']:11.3e} {t['max_rel']:11.3e} {t['tol']:8.0e}  {flag}")
     n_bad = sum(not t["ok"] for t in r["checks"])
     lines.append(f"{'PASS' if r['ok'] else 'FAIL'}: {len(r['checks']) - n_bad}/{len(r['checks'])} tensors "
-                 f"within tolerance; param bytes per rank {r['param_bytes']}")
+                 f"within tolerance; param bytes per rank {r['param_bytes']}"
+                 + (f"; KV-cache bytes per rank {r['kv_cache_bytes']}" if r.get("kv_cache_bytes") else ""))
     return "\n".join(lines)
 
 

@@ -125,6 +125,34 @@ class ParallelModel(nn.Module):
             dist.all_reduce(loss, group=self.seq.group)
         return loss
 
+    # ---- serving (schemes/decode.py) ---------------------------------------------------------------
+    def start_kv_cache(self) -> None:
+        """Empty KV caches: the next forward (this scheme's token layout, no grad) is the prefill."""
+        self.kv_caches = self.module.start_kv_cache()
+        for m in self.module.modules():
+            if hasattr(m, "decoding"):
+                m.decoding = False
+
+    @torch.no_grad()
+    def decode(self, tokens: torch.Tensor, position: int) -> torch.Tensor:
+        """One decode step after `start_kv_cache` and a prefill. tokens: [dp·B, 1], the new token of every
+        replica at global `position` (the same on every rank of a group). Returns this rank's logits
+        [B, 1, V] ([B, 1, V/T] where the vocabulary is split)."""
+        for m in self.module.modules():
+            if hasattr(m, "decoding"):
+                m.decoding = True
+        if self.dp is not None:
+            tokens = tokens.chunk(self.dp.size, 0)[self.dp.rank]
+        return self.module(tokens, torch.tensor([position], device=tokens.device))
+
+    def kv_cache_bytes(self) -> int:
+        return sum(kv.nbytes() for kv in getattr(self, "kv_caches", []))
+
+    def full_decode_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """A decode step's local logits → [B, 1, V] (they are replicated over the sequence group)."""
+        with _no_log(self.log):
+            return logits if self.vocab is None else self.vocab.comm.all_gather(logits.contiguous(), -1)
+
     # ---- gradients ---------------------------------------------------------------------------------
     def finish_grad_sync(self) -> None:
         """Sum partial gradients of token-sharded replicated weights, then average over DP replicas.

@@ -26,9 +26,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from tspbench.config import ModelConfig, ParallelConfig
-from tspbench.model import project_qkv
+from tspbench.model import LayerKV, project_qkv
 from tspbench.schemes.base import ApplyArgs, ParallelModel, materialise_replicated, meta_model
 from tspbench.schemes.comm import Comm, gather_from_sequence
+from tspbench.schemes.decode import decode_attend
 from tspbench.schemes.layout import SeqLayout, attend_shard
 from tspbench.schemes.ring_attention import ring_attention
 from tspbench.schemes.tp import ATTN_SPLIT, check_shards
@@ -58,7 +59,11 @@ def replicated_weights(module: nn.Module, names) -> dict[str, nn.Parameter]:
 
 
 class SPAttention(nn.Module):
-    """All heads, local tokens; the only change from the reference is where K/V come from."""
+    """All heads, local tokens; the only change from the reference is where K/V come from. Serving: the
+    prefill caches the local tokens' K/V; decode merges the ranks' partial attentions (schemes/decode.py)."""
+
+    decoding = False
+    kv: LayerKV | None = None
 
     def __init__(self, w: dict[str, nn.Parameter], comm: Comm, layout: SeqLayout, cfg: ModelConfig,
                  variant: str = "allgather"):
@@ -73,7 +78,12 @@ class SPAttention(nn.Module):
     def forward(self, x, positions):
         # x: [B, S/Σ, h] zigzag shard; positions: its global positions, so RoPE matches the reference
         q, k, v = project_qkv(x, self.wq, self.wk, self.wv, positions, self.head_dim, self.theta)
-        o = self.attend(q, k, v)                                          # [B, n_h, S/Σ, d]
+        if self.decoding:                                                 # one replicated token
+            o = decode_attend(q, k, v, self.kv, self.comm, int(positions[0]))
+        else:
+            if self.kv is not None:                                       # prefill: cache my tokens
+                self.kv.append(k, v)
+            o = self.attend(q, k, v)                                      # [B, n_h, S/Σ, d]
         return F.linear(o.transpose(1, 2).flatten(2), self.wo)           # all heads local: no reduction
 
 

@@ -37,13 +37,18 @@ class MSPAttention(TPAttention):
 
     def exit(self, y):
         return reduce_scatter_to_sequence(y, self.comm, dim=1)   # Σ over head shards, keep my S/T
+    # decode: TPAttention.decode (f and g on the replicated token; sequence parallelism off, as in Megatron)
 
 
 class MSPMLP(TPMLP):
     def enter(self, x):
+        if self.decoding:                                        # one replicated token: plain TP
+            return super().enter(x)
         return gather_from_sequence(x, self.comm, dim=1)
 
     def exit(self, y):
+        if self.decoding:
+            return super().exit(y)
         return reduce_scatter_to_sequence(y, self.comm, dim=1)
 
 

@@ -53,6 +53,7 @@ class TPSPAttention(TPAttention):
                  cfg: ModelConfig, variant: str = "allgather"):
         super().__init__(w, tp, cfg)
         self.sp, self.layout, self.variant = sp, layout, variant
+        self.seq_comm = sp                         # decode: the cache's tokens are sharded over sp
 
     def enter(self, x, positions):
         return _f(x, self.comm), positions        # [B, S/Σ, h]: local tokens at global positions

@@ -35,9 +35,10 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from tspbench.config import ModelConfig, ParallelConfig
-from tspbench.model import project_qkv, swiglu
+from tspbench.model import LayerKV, project_qkv, swiglu
 from tspbench.schemes.base import ApplyArgs, ParallelModel, materialise_replicated, meta_model
-from tspbench.schemes.comm import Comm, broadcast_from_owner, gather_from_sequence
+from tspbench.schemes.comm import Comm, broadcast_from_owner, gather_from_sequence, reduce_from_region
+from tspbench.schemes.decode import is_owner, merge_partials, partial_attention
 from tspbench.schemes.layout import SeqLayout, attend_shard
 from tspbench.schemes.tp import ATTN_SPLIT, MLP_SPLIT, check_shards, shard_block_weights
 
@@ -60,11 +61,19 @@ def unpack(buf: torch.Tensor, shapes: list[torch.Size]) -> list[torch.Tensor]:
 
 # ---- attention: broadcast loop + K/V all-gather -------------------------------------------------------
 class TSPAttention(nn.Module):
+    """Serving (schemes/decode.py): the prefill caches each owner step's K/V of the local tokens, so a rank
+    holds every head of its 1/D of the tokens; decode keeps the weights in place, all-gathers the new
+    token's queries over heads and merges the ranks' partial attentions back onto the head owners."""
+
+    decoding = False
+    kv: LayerKV | None = None
+
     def __init__(self, w: dict[str, nn.Parameter], comm: Comm, layout: SeqLayout, cfg: ModelConfig):
         super().__init__()
         self.wq, self.wk, self.wv, self.wo = w["wq"], w["wk"], w["wv"], w["wo"]
         self.comm, self.layout = comm, layout
         self.head_dim, self.theta = cfg.head_dim, cfg.rope_theta
+        self._prefill_kv: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     def owner_step(self, x: torch.Tensor, own: torch.Tensor, r: int, positions: torch.Tensor,
                    tag: str) -> torch.Tensor:
@@ -77,6 +86,8 @@ class TSPAttention(nn.Module):
     def _owner_step(self, x, own, r, positions, shapes):
         wq, wk, wv, wo = unpack(broadcast_from_owner(own, self.comm, src=r), shapes)
         q, k, v = project_qkv(x, wq, wk, wv, positions, self.head_dim, self.theta)  # [B, heads_r, S/D, d]
+        if self.kv is not None:                      # prefill: owner r's heads of my tokens
+            self._prefill_kv.append((k.detach(), v.detach()))
         n_kv = k.shape[1]
         kv = gather_from_sequence(torch.cat([k, v], dim=1), self.comm, dim=2)      # [B, 2·n_kv/D, S, d]
         kv = self.layout.unshard(kv, dim=2)                                          # zigzag → logical order
@@ -84,6 +95,8 @@ class TSPAttention(nn.Module):
         return F.linear(o.transpose(1, 2).flatten(2), wo)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        if self.decoding:
+            return self.decode(x, positions)
         own = pack([self.wq, self.wk, self.wv, self.wo])
         y, tag = torch.zeros_like(x), self.comm.log.tag
         for r in range(self.comm.size):
@@ -93,7 +106,23 @@ class TSPAttention(nn.Module):
                 y = y + checkpoint(self.owner_step, x, own, r, positions, tag, use_reentrant=False)
             else:
                 y = y + self.owner_step(x, own, r, positions, tag)
+        if self.kv is not None:                      # every head of my tokens, in owner (= head) order
+            ks, vs = zip(*self._prefill_kv)
+            self.kv.append(torch.cat(ks, dim=1), torch.cat(vs, dim=1))
+            self._prefill_kv.clear()
         return y
+
+    def decode(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """x: [B, 1, h], the same on every rank. My weight shard stays here; the token's q, k, v of my heads
+        are all-gathered over heads, the owner of `position` caches k, v, and the partial attentions over
+        each rank's cached tokens merge onto the head owners, whose W_O partial sums are all-reduced."""
+        q, k, v = project_qkv(x, self.wq, self.wk, self.wv, positions, self.head_dim, self.theta)
+        q, k, v = (self.comm.all_gather(t.contiguous(), dim=1) for t in (q, k, v))   # every head, [B, ·, 1, d]
+        if is_owner(int(positions[0]), self.comm):
+            self.kv.append(k, v)
+        o, lse = partial_attention(q, self.kv.k, self.kv.v)
+        o = merge_partials(o, lse, self.comm, scatter_heads=True).to(x.dtype)       # my heads [B, n_h/D, 1, d]
+        return reduce_from_region(F.linear(o.transpose(1, 2).flatten(2), self.wo), self.comm)
 
 
 # ---- gated MLP: weight ring, double-buffered --------------------------------------------------------
@@ -167,12 +196,16 @@ def _swiglu_grads(x, ws, dy):
 
 
 class TSPMLP(nn.Module):
+    decoding = False
+
     def __init__(self, w: dict[str, nn.Parameter], comm: Comm):
         super().__init__()
         self.w_gate, self.w_up, self.w_down = w["w_gate"], w["w_up"], w["w_down"]
         self.comm = comm
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.decoding:   # one replicated token: my channels in place, partial sums all-reduced (A10)
+            return reduce_from_region(swiglu(x, self.w_gate, self.w_up, self.w_down), self.comm)
         return _RingMLP.apply(x, self.w_gate, self.w_up, self.w_down, self.comm)
 
 

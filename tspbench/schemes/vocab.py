@@ -57,6 +57,8 @@ class VocabShard:
 class VocabParallelEmbedding(nn.Module):
     """Rows `vocab.start …` of the embedding; sums the shards' lookups over the tensor group."""
 
+    decoding = False  # serving: one replicated token, so tp_msp all-reduces instead of scattering
+
     def __init__(self, weight: nn.Parameter, vocab: VocabShard, scatter_seq: bool):
         super().__init__()
         self.weight, self.vocab, self.scatter_seq = weight, vocab, scatter_seq
@@ -64,7 +66,7 @@ class VocabParallelEmbedding(nn.Module):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         local, outside = self.vocab.local_ids(tokens)                       # [B, S]
         x = F.embedding(local, self.weight).masked_fill_(outside.unsqueeze(-1), 0)   # [B, S, h], partial
-        if self.scatter_seq:
+        if self.scatter_seq and not self.decoding:
             return reduce_scatter_to_sequence(x, self.vocab.comm, dim=1)   # tp_msp: my S/T tokens
         return reduce_from_region(x, self.vocab.comm)
 
@@ -72,12 +74,14 @@ class VocabParallelEmbedding(nn.Module):
 class VocabParallelHead(nn.Module):
     """Column-parallel LM head: logits of this rank's V/T classes, never gathered."""
 
+    decoding = False
+
     def __init__(self, weight: nn.Parameter, vocab: VocabShard, gather_seq: bool):
         super().__init__()
         self.weight, self.vocab, self.gather_seq = weight, vocab, gather_seq
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.gather_seq:
+        if self.gather_seq and not self.decoding:
             x = gather_from_sequence(x, self.vocab.comm, dim=1)             # tp_msp: [B, S/T, h] → [B, S, h]
         else:
             x = copy_to_region(x, self.vocab.comm)                          # f: all-reduce of dx backward

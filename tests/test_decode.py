@@ -1,0 +1,56 @@
+"""Serving parity (tspbench/verify_decode.py): every scheme's prefill into a KV cache and four one-token
+decode steps equal the single-device model's logits at those positions, in float64 at tspbench.verify.TOL
+(1e-10; a cache only reorders the same sums, ≈1e-15 observed). The group's KV cache holds every token of
+every head exactly once, split 1/degree per rank; broken variants fail the same comparison."""
+from __future__ import annotations
+
+import pytest
+from parity_cases import DECODE
+
+
+def _cache_bytes(vc) -> int:
+    """The reference's cache: K and V of every layer, token and KV head (one replica)."""
+    m = vc.model
+    elem = {"float64": 8, "float32": 4, "bfloat16": 2}[vc.dtype]
+    return 2 * m.n_layers * vc.batch * (vc.seq_len + vc.decode_steps) * m.n_kv_heads * m.head_dim * elem
+
+
+@pytest.mark.parametrize("cid", [k for k, v in DECODE.items() if v[2] is None])
+def test_decode_matches_single_device(parity_results, cid):
+    world, vc, _ = DECODE[cid]
+    res = parity_results(world)[cid]
+    names = [c["name"] for c in res["checks"]]
+    assert names[0] == "prefill_logits" and sum(n.startswith("decode_logits/") for n in names) == vc.decode_steps
+    assert res["ok"], "\n".join(f"{c['name']}: rel {c['max_rel']:.2e}" for c in res["checks"] if not c["ok"])
+
+
+@pytest.mark.parametrize("cid", [k for k, v in DECODE.items() if v[2] is None])
+def test_kv_cache_is_sharded_not_copied(parity_results, cid):
+    world, vc, _ = DECODE[cid]
+    kv = parity_results(world)[cid]["kv_cache_bytes"]
+    assert sum(kv) == vc.dp * _cache_bytes(vc)                     # every token and head cached once
+    assert kv == [_cache_bytes(vc) // vc.degree] * world           # 1/degree per rank (tp_sp: 1/(T·Σ))
+
+
+@pytest.mark.parametrize("cid", [k for k, v in DECODE.items() if v[2] is not None])
+def test_broken_decode_is_caught(parity_results, cid):
+    world, vc, breakage = DECODE[cid]
+    res = parity_results(world)[cid]
+    assert not res["ok"], f"the deliberately broken variant {breakage} passed the decode parity check"
+    assert max(c["max_rel"] for c in res["checks"]) > 1e3 * res["checks"][0]["tol"]
+
+
+@pytest.mark.parametrize("cid", [k for k, v in DECODE.items() if v[2] is None and v[1].dp == 1
+                                 and v[1].scheme in ("tp", "tsp", "sp")])
+def test_decode_step_collectives(parity_results, cid):
+    """Layer 0 of one decode step. tp: the two all-reduces of B·h (f/g). tsp: all-gathers of q, k, v over
+    heads, the merge (max and denominator all-reduced, numerator reduce-scattered) and the two all-reduces;
+    no broadcast or ring hop: weights never move in decode. sp: only the three merge all-reduces."""
+    world, vc, _ = DECODE[cid]
+    ops = [o[0] for o in parity_results(world)[cid]["comm_ops_layer0"]]
+    if vc.scheme == "tp":
+        assert ops == ["all_reduce", "all_reduce"]
+    elif vc.scheme == "tsp":
+        assert sorted(ops) == sorted(["all_gather"] * 3 + ["all_reduce"] * 4 + ["reduce_scatter"])
+    else:
+        assert ops == ["all_reduce"] * 3

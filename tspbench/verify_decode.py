@@ -1,0 +1,63 @@
+"""Serving parity: prefill + KV-cache decode of every scheme against the single-device model.
+
+`python -m tspbench.verify scheme=tsp degree=4 decode_steps=4` runs, on each rank group: the scheme's forward
+over the first seq_len tokens with a KV cache (the prefill, in the scheme's own token layout), then
+`decode_steps` single-token steps at positions seq_len, seq_len+1, … (schemes/decode.py). The reference is
+one full forward of the single-device model over all seq_len + decode_steps tokens: the prefill logits must
+equal its first seq_len positions and each decode step's logits its position, within the dtype tolerance of
+tspbench.verify (a KV cache only changes the order of the same sums). Also recorded: each rank's KV-cache
+bytes (the group's sum must equal the reference cache: nothing duplicated, nothing missing) and the
+collectives of layer 0 in one decode step.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from tspbench.config import DTYPES
+from tspbench.model import build_model, synthetic_batch
+from tspbench.verify import TOL, CaseResult, VerifyConfig, _breakage, _check
+
+
+def run_decode_case(vc: VerifyConfig, breakage: str | None = None) -> CaseResult | None:
+    """Collective over the default process group (world = dp × degree). Returns the result on rank 0."""
+    from tspbench.schemes import ApplyArgs, apply_scheme, build_mesh
+    from tspbench.schemes.comm import CommLog
+
+    par = vc.parallel()
+    dtype, tol, s, n = DTYPES[vc.dtype], TOL[vc.dtype], vc.seq_len, vc.decode_steps
+    device = torch.device("cuda", torch.cuda.current_device()) if vc.device == "cuda" else torch.device("cpu")
+    tokens, _ = synthetic_batch(vc.model, par.dp * vc.batch, s + n, vc.seed, device)
+
+    log = CommLog()
+    with _breakage(breakage), torch.no_grad():
+        pm = apply_scheme(vc.model, par, ApplyArgs(build_mesh(par, device.type), s, vc.seed, dtype, device, log))
+        pm.start_kv_cache()
+        tok, _, pos = pm.local_batch(tokens[:, :s], tokens[:, :s])
+        prefill = _replicas(pm, pm.full_logits(pm(tok, pos)))                       # [dp·B, S, V]
+        steps = []
+        for t in range(s, s + n):
+            log.clear()
+            steps.append(_replicas(pm, pm.full_decode_logits(pm.decode(tokens[:, t:t + 1], t))))
+        comm0 = log.summary("layer0")
+        ops0 = [(r.op, r.phase, r.numel, r.recv_numel) for r in log.records if r.tag == "layer0"]
+    sizes = [None] * dist.get_world_size()
+    dist.all_gather_object(sizes, (pm.param_bytes(), pm.kv_cache_bytes()))
+    if dist.get_rank() != 0:
+        return None
+
+    ref = build_model(vc.model, vc.seed, dtype, device)
+    with torch.no_grad():
+        ref_logits = ref(tokens)                                                      # [dp·B, S + n, V]
+    checks = [_check("prefill_logits", prefill, ref_logits[:, :s], tol)]
+    checks += [_check(f"decode_logits/pos{t}", got[:, 0], ref_logits[:, t], tol)
+               for t, got in zip(range(s, s + n), steps)]
+    return CaseResult(vc.__dict__ | {"model": vc.model.__dict__}, checks, comm0, ops0, {},
+                      [x[0] for x in sizes], [], breakage, [x[1] for x in sizes])
+
+
+def _replicas(pm, logits: torch.Tensor) -> torch.Tensor:
+    """Every data-parallel replica's logits, in replica order (rows of the global batch)."""
+    if pm.dp is None:
+        return logits
+    return pm.dp.all_gather(logits.contiguous(), 0)
