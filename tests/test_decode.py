@@ -7,6 +7,8 @@ from __future__ import annotations
 import pytest
 from parity_cases import DECODE
 
+from tspbench.costmodel import comm_decode_per_layer
+
 
 def _cache_bytes(vc) -> int:
     """The reference's cache: K and V of every layer, token and KV head (one replica)."""
@@ -54,3 +56,12 @@ def test_decode_step_collectives(parity_results, cid):
         assert sorted(ops) == sorted(["all_gather"] * 3 + ["all_reduce"] * 4 + ["reduce_scatter"])
     else:
         assert ops == ["all_reduce"] * 3
+
+
+@pytest.mark.parametrize("cid", [k for k, v in DECODE.items() if v[2] is None and v[1].dp == 1])
+def test_decode_volume_equals_cost_model(parity_results, cid):
+    """Elements received in layer 0 of one decode step, counted by the CommLog, equal the closed form."""
+    world, vc, _ = DECODE[cid]
+    got = parity_results(world)[cid]["comm_layer0"]
+    assert got["bwd"] == 0
+    assert got["fwd"] == pytest.approx(comm_decode_per_layer(vc.model, vc.parallel(), vc.batch), rel=1e-12, abs=0)

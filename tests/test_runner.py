@@ -98,6 +98,30 @@ def test_auto_without_devices_estimates_and_models(tmp_path):
     assert mod["hardware"] == "h100" and not list(tmp_path.glob("*.log"))
 
 
+def test_decode_mode_measures_prefill_decode_and_kv_cache(tmp_path):
+    """Serving: a KV-cache prefill (timed once) then one token per step; tokens per step = dp·B."""
+    exp = compose_experiment(["+exp=smoke", *FAST, "schemes=[tp,tsp]", "mode=decode"])
+    recs = run_all(expand_grid(exp), tmp_path, progress=False)
+    assert [(r["scheme"], r["mode"], r["status"]) for r in recs] == [("tp", "decode", "ok"), ("tsp", "decode", "ok")]
+    for r in recs:
+        m = r["metrics"]
+        assert m["tokens_per_step"] == 1 and m["tokens_per_s"] > 0 and m["loss"] is None
+        assert m["prefill_ms"] > 0 and m["prefill_tokens_per_s"] > 0
+        assert m["decode_ms_per_token_p50"] == m["step_time_ms_p50"]
+    # 1 layer, B = 1, 8 KV heads of 8 dims, fp32; 32 prompt tokens + 3 decoded (step 0 and the 2-step window).
+    # tp: every token, 4 of the 8 heads; tsp: every head of its 16 prompt tokens + positions 32 and 34 (rank 0
+    # owns the even ones); the record keeps the largest rank's cache
+    kv = {r["scheme"]: r["metrics"]["kv_cache_gib"] * 2**30 for r in recs}
+    assert kv == {"tp": 2 * 35 * 4 * 8 * 4, "tsp": 2 * (16 + 2) * 8 * 8 * 4}
+
+
+def test_decode_cannot_be_estimated():
+    from tspbench.config import ConfigError
+    from tspbench.experiment import validate_experiment
+    with pytest.raises(ConfigError, match="mode=decode is measured only"):
+        validate_experiment(compose_experiment(["+exp=smoke", "mode=decode", "execution=estimate"]))
+
+
 # -------------------------------------------------------------------------------- Ctrl-C and resume
 def test_interrupt_keeps_finished_runs_and_resume_skips_them(tmp_path):
     run_dir = tmp_path / "run"

@@ -16,7 +16,9 @@ SCHEMES = ("single", "tp", "tp_msp", "sp", "tp_sp", "tsp")
 SP_VARIANTS = ("allgather", "ring")
 RECOMPUTE = ("none", "full")
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
-MODES = ("train", "forward")
+MODES = ("train", "forward", "decode")
+"""train: forward + backward + AdamW; forward: one forward (prefill without a cache); decode: serving, a
+KV-cache prefill of seq_len tokens, then one new token per step (schemes/decode.py)."""
 
 
 class ConfigError(ValueError):

@@ -495,6 +495,33 @@ def comm_embed_head(model: ModelConfig, par: ParallelConfig, seq_len: int, batch
     return out
 
 
+def comm_decode_per_layer(model: ModelConfig, par: ParallelConfig, batch: int) -> float:
+    """Elements received per device per layer in one decode step (tspbench/schemes/decode.py): B new tokens,
+    replicated on the group; the KV cache never moves.
+        tp, tp_msp (T)  2 all-reduces of [B, h] (f/g)                              4·B·h·(T−1)/T
+        sp (Σ)          merge: all-reduce of max and denominator [B, n_h] and
+                        of the numerator [B, n_h, d]                               2·B·n_h·(d + 2)·(Σ−1)/Σ
+        tp_sp           the two, the merge on the n_h/T local heads
+        tsp (D)         all-gather q, k, v over heads (B·(n_h + 2·n_kv)·d), the merge with the numerator
+                        reduce-scattered (B·n_h·d) and max / denominator all-reduced (4·B·n_h), and
+                        2 all-reduces of [B, h]:                                   B·(6h + 2h/g + 4·n_h)·(D−1)/D
+    """
+    h, n_h, d, g, b = model.dim, model.n_heads, model.head_dim, model.gqa_ratio, batch
+    lay, s = layout(par), par.scheme
+
+    def f(p: int) -> float:
+        return (p - 1) / p
+    if s in ("tp", "tp_msp"):
+        return 4 * b * h * f(lay.tp)
+    if s == "sp":
+        return 2 * b * n_h * (d + 2) * f(lay.sp)
+    if s == "tp_sp":
+        return 4 * b * h * f(lay.tp) + 2 * b * (n_h / lay.tp) * (d + 2) * f(lay.sp)
+    if s == "tsp":
+        return b * (6 * h + 2 * h / g + 4 * n_h) * f(par.degree)
+    return 0.0
+
+
 def grad_sync_group(model: ModelConfig, par: ParallelConfig, layers: int | None = None) -> tuple[float, int]:
     """(elements all-reduced, group size) of the per-step in-group gradient all-reduce (not DP).
 

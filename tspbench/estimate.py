@@ -594,8 +594,8 @@ def estimate(model: ModelConfig, par: ParallelConfig, seq_len: int, batch: int, 
     layers: "all" traces every layer; "auto" (default) traces 3- and 4-layer copies of the model and
     extrapolates exactly (`extrapolate_layers`) when it has more than 4 layers: seconds instead of minutes.
     """
-    if mode not in MODES:
-        raise ValueError(f"mode={mode!r} is unknown; allowed: {', '.join(MODES)}")
+    if mode not in MODES or mode == "decode":
+        raise ValueError(f"mode={mode!r} cannot be estimated; allowed: train, forward (decode is measured only)")
     if dtype not in DTYPES:
         raise ValueError(f"dtype={dtype!r} is unknown; allowed: {', '.join(DTYPES)}")
     if layers not in ("auto", "all"):

@@ -119,6 +119,8 @@ def goes_offline(spec: RunSpec) -> Optional[str]:
         return None
     if spec.execution in ("estimate", "model"):
         return spec.execution
+    if spec.mode == "decode":               # measured only: without the devices it is recorded invalid
+        return None
     if spec.execution == "auto" and choose_execution(spec)[0] is None:
         return "estimate"
     return None

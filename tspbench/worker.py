@@ -4,6 +4,7 @@ Reads a frozen RunSpec (JSON, written by the parent launcher), joins the default
 torchrun environment (RANK, WORLD_SIZE, LOCAL_RANK; gloo on CPU, NCCL on CUDA), builds the scheme's model
 from the seed, and runs:
 
+    (decode only)     the KV-cache prefill of seq_len tokens, timed once with syncs at its edges
     step 0            untimed; the CommLog records every collective (comm bytes per layer), then stops
     warm-up           warmup_steps − 1 more untimed steps
     measured window   sync → measured_steps steps (no sync, no .item()) → sync; time, peak memory and
@@ -102,16 +103,28 @@ def benchmark(spec: RunSpec, device: torch.device, rank: int, world: int) -> dic
 
     started = now()
     cfg, par = spec.model_config(), spec.parallel()
-    train = spec.mode == "train"
+    train, decode = spec.mode == "train", spec.mode == "decode"
     log = CommLog()
     pm = apply_scheme(cfg, par, ApplyArgs(build_mesh(par, device.type), spec.seq_len, spec.seed,
                                           DTYPES[spec.dtype], device, log))
-    tokens, targets = synthetic_batch(cfg, par.dp * spec.batch, spec.seq_len, spec.seed, device)
-    tok, tgt, pos = pm.local_batch(tokens, targets)
+    # decode: the prompt, then one new token per step (warm-up, window, breakdown and step 0 included)
+    extra = spec.warmup_steps + spec.measured_steps + 2 if decode else 0
+    tokens, targets = synthetic_batch(cfg, par.dp * spec.batch, spec.seq_len + extra, spec.seed, device)
+    s = spec.seq_len
+    tok, tgt, pos = pm.local_batch(tokens[:, :s], targets[:, :s])
     opt = torch.optim.AdamW(pm.parameters(), lr=spec.lr) if train else None
     fault = Fault(spec.fault, rank)
+    serving: dict = {}
+    if decode:
+        serving = prefill(pm, tok, pos, device)
+        position = [s]
 
-    def step() -> torch.Tensor:
+    def step() -> torch.Tensor | None:
+        if decode:
+            p = position[0]
+            position[0] += 1
+            pm.decode(tokens[:, p:p + 1], p)
+            return None
         if train:
             loss = pm.loss(tok, tgt, pos)[0]  # logits not kept alive through backward
             loss.backward()
@@ -133,7 +146,7 @@ def benchmark(spec: RunSpec, device: torch.device, rank: int, world: int) -> dic
 
     # -- measured window -------------------------------------------------------------------------------
     n = spec.measured_steps
-    n_tokens = timing.tokens_per_step(par, spec.batch, spec.seq_len)
+    n_tokens = timing.tokens_per_step(par, spec.batch, spec.seq_len, spec.mode)
     memory_mod.reset_peaks(device)
     timer, meter = timing.StepTimer(device), energy_mod.EnergyMeter(device, spec.power_sample_s)
     last_print = 0.0
@@ -151,21 +164,38 @@ def benchmark(spec: RunSpec, device: torch.device, rank: int, world: int) -> dic
     peaks = memory_mod.device_peaks(device)
 
     # -- after the window: loss value, memory breakdown ------------------------------------------------
-    loss_t = pm.replica_loss(loss).float()
-    if pm.dp is not None:
-        dist.all_reduce(loss_t, group=pm.dp.group)
-        loss_t /= pm.dp.size
+    loss_value = None
+    if loss is not None:
+        loss_t = pm.replica_loss(loss).float()
+        if pm.dp is not None:
+            dist.all_reduce(loss_t, group=pm.dp.group)
+            loss_t /= pm.dp.size
+        loss_value = float(loss_t.item())
     mem = memory_mod.breakdown(step, pm, opt, device) if spec.memory_breakdown else {}
-    mine = {"step_ms": step_ms, "window_s": timer.window_s, "peaks": peaks, "mem": mem,
+    if decode:
+        serving["kv_cache_gib"] = pm.kv_cache_bytes() / memory_mod.GIB
+    mine = {"step_ms": step_ms, "window_s": timer.window_s, "peaks": peaks, "mem": mem, "serving": serving,
             "energy": energy.__dict__, "comm": comm, "device_name": device_name(device)}
     gathered: list = [None] * world
     dist.all_gather_object(gathered, mine)
     if rank != 0:
         return None
-    return build_record(spec, gathered, float(loss_t.item()), n_tokens, started)
+    return build_record(spec, gathered, loss_value, n_tokens, started)
 
 
-def build_record(spec: RunSpec, ranks: list[dict], loss: float, n_tokens: int, started: str) -> dict:
+def prefill(pm, tok: torch.Tensor, pos: torch.Tensor, device: torch.device) -> dict:
+    """Serving: fill empty KV caches with the prompt (this scheme's token layout), timed once."""
+    pm.start_kv_cache()
+    dist.barrier()
+    timing.sync(device)
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        pm(tok, pos)
+    timing.sync(device)
+    return {"prefill_ms": (time.perf_counter() - t0) * 1e3}
+
+
+def build_record(spec: RunSpec, ranks: list[dict], loss: float | None, n_tokens: int, started: str) -> dict:
     """Rank 0: reduce the per-rank numbers into one record (README.md, "Result records")."""
     cfg, world = spec.model_config(), spec.world_size
     dev0 = ranks[0]
@@ -218,6 +248,11 @@ def build_record(spec: RunSpec, ranks: list[dict], loss: float, n_tokens: int, s
     m["energy_method"] = dev0["energy"]["method"]
     m["energy_reason"] = dev0["energy"]["reason"]
 
+    if spec.mode == "decode":   # serving: the prompt's prefill and the KV cache each rank ends with
+        m["prefill_ms"] = max(r["serving"]["prefill_ms"] for r in ranks)
+        m["prefill_tokens_per_s"] = spec.dp * spec.batch * spec.seq_len / (m["prefill_ms"] / 1e3)
+        m["kv_cache_gib"] = max(r["serving"]["kv_cache_gib"] for r in ranks)
+        m["decode_ms_per_token_p50"] = m.get("step_time_ms_p50")
     m.update({"comm_bytes_per_layer_fwd": dev0["comm"]["fwd"], "comm_bytes_per_layer_bwd": dev0["comm"]["bwd"],
               "comm_ops_per_layer": dev0["comm"]["ops"], "loss": loss,
               "throughput_note": rec["cpu_note"]})

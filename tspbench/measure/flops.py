@@ -32,7 +32,11 @@ def forward_flops_per_token(m: ModelConfig, seq_len: int, causal_halved: bool) -
 
 
 def flops_per_token(m: ModelConfig, seq_len: int, mode: str, causal_halved: bool) -> float:
-    """Model FLOPs per token (MFU numerator): forward, or 3 × forward for train."""
+    """Model FLOPs per token (MFU numerator): forward, or 3 × forward for train. Decode: one new token's
+    forward against a context of seq_len cached tokens, whose attention covers all of them (no causal
+    halving for a single query)."""
+    if mode == "decode":
+        return forward_flops_per_token(m, seq_len, causal_halved=False)
     fwd = forward_flops_per_token(m, seq_len, causal_halved)
     return fwd if mode == "forward" else 3 * fwd
 

@@ -20,9 +20,10 @@ import torch
 from tspbench.config import ParallelConfig
 
 
-def tokens_per_step(par: ParallelConfig, batch: int, seq_len: int) -> int:
-    """Unique tokens per optimizer step over the whole world: dp × B × S (never × T, × Σ or × D)."""
-    return par.dp * batch * seq_len
+def tokens_per_step(par: ParallelConfig, batch: int, seq_len: int, mode: str = "train") -> int:
+    """Unique tokens per step over the whole world: dp × B × S (never × T, × Σ or × D); a decode step
+    produces one new token per sequence, dp × B."""
+    return par.dp * batch * (1 if mode == "decode" else seq_len)
 
 
 def sync(device: torch.device) -> None:
