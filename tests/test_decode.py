@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from parity_cases import DECODE
 
-from tspbench.costmodel import comm_decode_per_layer
+from tspbench.costmodel import comm_decode_per_layer, kv_cache_bytes
 
 
 def _cache_bytes(vc) -> int:
@@ -32,6 +32,8 @@ def test_kv_cache_is_sharded_not_copied(parity_results, cid):
     kv = parity_results(world)[cid]["kv_cache_bytes"]
     assert sum(kv) == vc.dp * _cache_bytes(vc)                     # every token and head cached once
     assert kv == [_cache_bytes(vc) // vc.degree] * world           # 1/degree per rank (tp_sp: 1/(T·Σ))
+    # the cost model's per-rank KV cache (used for serving memory at paper scale) is the same number
+    assert kv_cache_bytes(vc.model, vc.parallel(), vc.seq_len + vc.decode_steps, vc.batch, vc.dtype) == kv[0]
 
 
 @pytest.mark.parametrize("cid", [k for k, v in DECODE.items() if v[2] is not None])

@@ -264,6 +264,16 @@ def head_saved_bytes(model: ModelConfig, par: ParallelConfig, seq_len: int, batc
             + geo.n_loss * (model.dim * b + model.vocab_size / vd * 4 + ids))
 
 
+def kv_cache_bytes(model: ModelConfig, par: ParallelConfig, seq_len: int, batch: int,
+                   dtype: str = "bfloat16") -> float:
+    """One rank's KV cache for seq_len tokens (schemes/decode.py): K and V of every layer, 2·L·B·S·(h/g)·b
+    per replica, split by heads over T (tp, tp_msp, tp_sp) and by tokens over Σ or D (sp, tp_sp, tsp), i.e.
+    ÷ degree in every scheme (tsp: every head of its own 1/D of the tokens)."""
+    geo, b = geometry(par, seq_len, batch), BYTES[dtype]
+    heads_div = 1 if par.scheme == "tsp" else geo.t
+    return 2 * model.n_layers * geo.n_gemm * (model.dim / model.gqa_ratio) / heads_div * b
+
+
 def largest_param_elems(model: ModelConfig, par: ParallelConfig) -> float:
     """The biggest single parameter a rank holds (its optimizer update's transient is per parameter)."""
     lay = layout(par)
@@ -334,8 +344,7 @@ def memory_phases(model: ModelConfig, par: ParallelConfig, seq_len: int, batch: 
         layer = max(geo.n_res * (h * b + 3 * 4 * h),                            # RMSNorm in fp32
                     geo.n_res * h * b + geo.n_gemm * h * b + 3 * ffn_a,          # SwiGLU: silu(gate), up, product
                     geo.n_res * h * b + 2 * 2 * (geo.kv_tokens or geo.n_gemm) * h / (model.gqa_ratio * geo.t) * b)
-        kv = (2 * L * geo.n_res * (h / model.gqa_ratio) / (1 if par.scheme == "tsp" else geo.t) * b
-              if kv_cache else 0.0)
+        kv = kv_cache_bytes(model, par, seq_len, batch, dtype) if kv_cache else 0.0
         return {"head": phase(temporaries=logits + geo.n_res * h * b, kv_cache=kv),
                 "layer": phase(temporaries=layer, kv_cache=kv)}
 
