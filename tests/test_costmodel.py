@@ -16,7 +16,8 @@ from tspbench.claims import load_claims
 from tspbench.config import ModelConfig, ParallelConfig
 from tspbench.costmodel import (comm_buffer_bytes, comm_per_layer, crossover_tokens, flops_per_token,
                                 layer_activation_bytes, memory_phases,
-                                layer_weight_params, memory_breakdown, non_embedding_params, replicated_params)
+                                layer_weight_params, memory_breakdown, non_embedding_params, params_per_device,
+                                replicated_params)
 from tspbench.costmodel_time import (HardwareProfile, cluster_throughput, collective_time_s, layer_collectives,
                                      load_hardware, received_elems, step_time)
 
@@ -313,3 +314,30 @@ def test_edge_collectives_move_what_comm_embed_head_counts(scheme, tp):
         want = sum(v["fwd"] + v["bwd"] for v in comm_embed_head(LLAMA7B, par, S128K, 1, mode=mode).values())
         assert got == pytest.approx(want, rel=1e-12, abs=0)
         assert (got > 0) == (par.vocab_degree > 1)
+
+
+# ---------------------------------------------------------------------------------------------- decode
+@pytest.mark.parametrize("scheme,tp", [("tp", 0), ("tp_msp", 0), ("tp_sp", 2), ("tp_sp", 1), ("sp", 0), ("tsp", 0)])
+def test_decode_collectives_move_what_comm_decode_counts(scheme, tp):
+    """The time model's decode collectives receive costmodel.comm_decode_per_layer, which test_decode binds
+    to the CommLog of real decode steps."""
+    from tspbench.costmodel import comm_decode_per_layer
+    from tspbench.costmodel_time import decode_collectives, received_elems
+    par = ParallelConfig(scheme=scheme, degree=8, tp=tp)
+    got = sum(c * received_elems(op, p, n) for op, p, n, _, c in decode_collectives(LLAMA7B, par, 4))
+    assert got == pytest.approx(comm_decode_per_layer(LLAMA7B, par, 4), rel=1e-12)
+
+
+def test_decode_step_time_terms():
+    """Bandwidth term = (held weights + KV cache) / HBM bandwidth; at B = 1 TSP pays for its 9 collectives
+    per layer (q/k/v gathers, the merge, two all-reduces) against TP's 2: a modelled latency cost, stated."""
+    from tspbench.costmodel import kv_cache_bytes
+    from tspbench.costmodel_time import decode_step_time
+    hw = load_hardware("mi300x")
+    tp, tsp = (ParallelConfig(scheme=s, degree=8) for s in ("tp", "tsp"))
+    t_tp, t_tsp = (decode_step_time(LLAMA7B, p, S128K, 1, hw) for p in (tp, tsp))
+    assert t_tp["memory_s"] == pytest.approx((params_per_device(LLAMA7B, tp) * 2
+                                              + kv_cache_bytes(LLAMA7B, tp, S128K, 1)) / hw.mem_bw)
+    assert t_tsp["kv_cache_bytes"] == t_tp["kv_cache_bytes"] == 2 * 32 * S128K * 4096 * 2 / 8
+    assert t_tsp["comm_s"] > 2.5 * t_tp["comm_s"]
+    assert t_tp["step_s"] == pytest.approx(max(t_tp["memory_s"], t_tp["compute_s"]) + t_tp["comm_s"])

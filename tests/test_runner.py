@@ -115,10 +115,22 @@ def test_decode_mode_measures_prefill_decode_and_kv_cache(tmp_path):
     assert kv == {"tp": 2 * 35 * 4 * 8 * 4, "tsp": 2 * (16 + 2) * 8 * 8 * 4}
 
 
+def test_auto_decode_without_devices_is_modelled(tmp_path):
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("this host has CUDA devices: auto would measure")
+    exp = compose_experiment(["+exp=smoke", *FAST, "schemes=[tsp]", "device=cuda", "hardware=mi300x", "mode=decode"])
+    recs = run_all(expand_grid(exp), tmp_path, progress=False)
+    assert [(r["method"], r["status"], r["mode"]) for r in recs] == [("modelled", "ok", "decode")]
+    m = recs[0]["metrics"]
+    assert m["kv_cache_gib"] > 0 and m["predicted_tokens_per_s"] > 0 and m["decode_ms_per_token_p50"] > 0
+    assert not list(tmp_path.glob("*.log"))
+
+
 def test_decode_cannot_be_estimated():
     from tspbench.config import ConfigError
     from tspbench.experiment import validate_experiment
-    with pytest.raises(ConfigError, match="mode=decode is measured only"):
+    with pytest.raises(ConfigError, match="mode=decode cannot be estimated"):
         validate_experiment(compose_experiment(["+exp=smoke", "mode=decode", "execution=estimate"]))
 
 

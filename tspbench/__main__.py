@@ -62,9 +62,10 @@ def _say_fallback(specs) -> None:
     if missing:
         need = max(s.world_size for s in missing)
         hw = missing[0].hardware or "h100"
+        how = ("modelling them" if all(s.mode == "decode" for s in missing)
+               else "estimating them (fake tensors) and modelling them")
         print(f"tspbench: {len(missing)} runs need up to {need} {missing[0].device} devices that are not here: "
-              f"estimating them (fake tensors) and modelling them (hardware profile {hw}) instead",
-              file=sys.stderr)
+              f"{how} (hardware profile {hw}) instead", file=sys.stderr)
 
 
 def _in_multirun() -> bool:

@@ -213,6 +213,51 @@ def step_time(model: ModelConfig, par: ParallelConfig, seq_len: int, batch: int,
             "flops_per_device": flops}
 
 
+def decode_collectives(model: ModelConfig, par: ParallelConfig, batch: int) -> list[tuple[str, int, float, int, int]]:
+    """One layer of one decode step (schemes/decode.py), in `layer_collectives`' format; received volume
+    = costmodel.comm_decode_per_layer."""
+    lay, h, n_h, d, b, s = layout(par), model.dim, model.n_heads, model.head_dim, batch, par.scheme
+    out: list[tuple[str, int, float, int, int]] = []
+    if s in ("tp", "tp_msp", "tp_sp") and lay.tp > 1:
+        out.append(("allreduce", lay.tp, b * h, lay.tp, 2))                      # f/g: W_O and MLP outputs
+    if s in ("sp", "tp_sp") and lay.sp > 1:
+        heads = n_h / lay.tp
+        out += [("allreduce", lay.sp, b * heads, par.degree, 2),                 # max and denominator
+                ("allreduce", lay.sp, b * heads * d, par.degree, 1)]             # numerator
+    if s == "tsp":
+        p = par.degree
+        out += [("allgather", p, b * n_h * d, p, 1), ("allgather", p, b * model.n_kv_heads * d, p, 2),
+                ("allreduce", p, b * n_h, p, 2), ("reduce_scatter", p, b * n_h * d, p, 1),
+                ("allreduce", p, b * h, p, 2)]
+    return out
+
+
+def decode_step_time(model: ModelConfig, par: ParallelConfig, context_len: int, batch: int, hw: HardwareProfile,
+                     *, dtype: str = "bfloat16", overlap: str = "none") -> dict:
+    """One decode step (one new token for each of a replica's B sequences, context_len cached) on one device.
+
+    Memory: every weight this rank holds and its KV cache are read once per step, at hw.mem_bw (decode is
+    bandwidth-bound). Compute: 2 FLOPs per held matmul weight per token (sp applies all weights to the replicated
+    token) + attention, 2·g FLOPs per cached K or V element, at the roofline efficiency. Communication: the
+    decode collectives of every layer (`decode_collectives`; latency-bound at these sizes). Step: the larger
+    of memory and compute, plus communication (overlap="none") or the largest of the three ("ideal")."""
+    from tspbench.costmodel import kv_cache_bytes
+    if overlap not in ("none", "ideal"):
+        raise ValueError(f"overlap={overlap!r} is unknown; allowed: none, ideal")
+    b = BYTES[dtype]
+    weights = params_per_device(model, par) * b
+    kv = kv_cache_bytes(model, par, context_len, batch, dtype)
+    memory_s = (weights + kv) / hw.mem_bw
+    matmul_params = params_per_device(model, par) - model.vocab_size * model.dim / layout(par).vocab_div  # no lookup FLOPs
+    flops = 2 * batch * matmul_params + 2 * model.gqa_ratio * kv / b
+    compute_s = flops / (hw.peak_flops(dtype) * hw.matmul_efficiency)
+    comm_s = model.n_layers * _collectives_time_s(decode_collectives(model, par, batch), hw, b)
+    device_s = max(memory_s, compute_s)
+    step_s = device_s + comm_s if overlap == "none" else max(device_s, comm_s)
+    return {"memory_s": memory_s, "compute_s": compute_s, "comm_s": comm_s, "step_s": step_s,
+            "kv_cache_bytes": kv, "weight_bytes": weights, "tokens_per_s": batch / step_s}
+
+
 def cluster_throughput(model: ModelConfig, par: ParallelConfig, seq_len: int, batch: int,
                        hw: HardwareProfile, n_gpus: int, *, mode: str = "forward", overlap: str = "none",
                        layers: int | None = None, dtype: str = "bfloat16", causal_halved: bool = True) -> dict:

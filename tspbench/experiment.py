@@ -220,9 +220,9 @@ def validate_experiment(cfg: ExperimentConfig) -> None:
         _one_of("scheme_opts key", name, SCHEMES)
     for m in ([cfg.mode] if cfg.mode else cfg.modes):
         _one_of("mode", m, MODES)
-        if m == "decode" and cfg.execution in ("estimate", "model"):
-            raise ConfigError(f"mode=decode is measured only; use execution=measure (or auto) with it, or "
-                              f"mode=train|forward with execution={cfg.execution}")
+        if m == "decode" and cfg.execution == "estimate":
+            raise ConfigError("mode=decode cannot be estimated (fake tensors trace train and forward only); "
+                              "allowed with it: execution=measure|model|auto")
     _one_of("dtype", cfg.dtype, DTYPES)
     _one_of("device", cfg.device, DEVICES)
     _one_of("execution", cfg.execution, EXECUTIONS)

@@ -119,10 +119,8 @@ def goes_offline(spec: RunSpec) -> Optional[str]:
         return None
     if spec.execution in ("estimate", "model"):
         return spec.execution
-    if spec.mode == "decode":               # measured only: without the devices it is recorded invalid
-        return None
     if spec.execution == "auto" and choose_execution(spec)[0] is None:
-        return "estimate"
+        return "model" if spec.mode == "decode" else "estimate"
     return None
 
 
@@ -154,6 +152,8 @@ def run_one(spec: RunSpec, run_dir: Path, on_step: Optional[Callable] = None,
     except ConfigError as e:
         return _record(results, base_record(spec, "invalid", str(e)))
     execution, why = choose_execution(spec)
+    if execution is None and spec.execution == "auto" and spec.mode == "decode":
+        return _record(results, run_offline(spec, "model"))      # decode: modelled only (no fake trace)
     if execution is None and spec.execution == "auto":
         # The devices are not here: estimate (fake tensors) and model (formulas) instead; the modelled
         # twin carries the predicted time under its own run_id.
@@ -188,7 +188,8 @@ def run_offline(spec: RunSpec, execution: str) -> dict:
     with method "estimated" / "modelled" (tspbench/offline.py). A crash is recorded, never raised."""
     from tspbench.offline import MODEL_SUFFIX, estimated_record, modelled_record
 
-    run_id = spec.run_id + (MODEL_SUFFIX if spec.execution == "auto" and execution == "model" else "")
+    twin = spec.execution == "auto" and execution == "model" and spec.mode != "decode"
+    run_id = spec.run_id + (MODEL_SUFFIX if twin else "")
     try:
         return estimated_record(spec) if execution == "estimate" else modelled_record(spec, run_id)
     except Exception as e:  # noqa: BLE001 - one bad grid point must not stop the sweep

@@ -39,6 +39,8 @@ def modelled_record(spec: RunSpec, run_id: str | None = None) -> dict:
     model, par = spec.model_config(), spec.parallel()
     hw_name = spec.hardware or ("cpu" if spec.device == "cpu" else "h100")
     hw = load_hardware(hw_name)
+    if spec.mode == "decode":
+        return _modelled_decode(spec, hw, hw_name, run_id)
     mem = memory_breakdown(model, par, spec.seq_len, spec.batch, mode=spec.mode, dtype=spec.dtype)
     comm = comm_per_layer(model, par, spec.seq_len, spec.batch, mode=spec.mode,
                           regather_kv=spec.scheme == "tsp")
@@ -64,6 +66,45 @@ def modelled_record(spec: RunSpec, run_id: str | None = None) -> dict:
     m["tokens_per_s"] = m["predicted_tokens_per_s"]
     m["tokens_per_s_per_device"] = m["predicted_tokens_per_s_per_device"]
     m["step_time_ms_p50"] = m["predicted_step_time_ms"]
+    fits = mem["total"] <= hw.mem_bytes
+    rec = base_record(spec, "ok" if fits else "oom",
+                      None if fits else f"predicted {mem['total'] / 1e9:.1f} GB > {hw.mem_bytes / 1e9:.0f} GB "
+                                        f"of {hw_name}")
+    rec["method"], rec["hardware"], rec["metrics"] = "modelled", hw_name, m
+    rec["run_id"] = run_id or spec.run_id
+    rec["provenance"]["hardware_profile"] = {"name": hw_name, "sources": list(getattr(hw, "sources", []))}
+    return _stamp(rec)
+
+
+def _modelled_decode(spec: RunSpec, hw, hw_name: str, run_id: str | None) -> dict:
+    """Serving: memory = the prefill's peak with its KV cache (forward phases + cache of seq_len tokens);
+    time = one decode step (costmodel_time.decode_step_time), dp replicas in parallel."""
+    from tspbench.costmodel import comm_decode_per_layer, kv_cache_bytes, memory_breakdown
+    from tspbench.costmodel_time import decode_step_time
+    from tspbench.measure.flops import flops_per_token
+
+    model, par = spec.model_config(), spec.parallel()
+    mem = memory_breakdown(model, par, spec.seq_len, spec.batch, mode="forward", dtype=spec.dtype, kv_cache=True)
+    elem = {"float64": 8, "float32": 4, "bfloat16": 2}[spec.dtype]
+    m: dict = {f"mem_{k}_gib": v / GIB for k, v in mem.items() if k != "total"}
+    m["mem_total_gib"] = mem["total"] / GIB
+    m["device_capacity_gib"] = hw.mem_bytes / GIB
+    m["kv_cache_gib"] = kv_cache_bytes(model, par, spec.seq_len, spec.batch, spec.dtype) / GIB
+    m["comm_bytes_per_layer_fwd"] = comm_decode_per_layer(model, par, spec.batch) * elem
+    m["comm_bytes_per_layer_bwd"] = 0.0
+    m["flops_per_token_causal"] = m["flops_per_token_noncausal"] = flops_per_token(model, spec.seq_len, "decode", False)
+    for overlap in ("none", "ideal"):
+        t = decode_step_time(model, par, spec.seq_len, spec.batch, hw, dtype=spec.dtype, overlap=overlap)
+        key = "" if overlap == "none" else "_ideal_overlap"
+        m[f"predicted_tokens_per_s{key}"] = t["tokens_per_s"] * spec.dp
+        m[f"predicted_tokens_per_s_per_device{key}"] = t["tokens_per_s"] / par.degree
+        m[f"predicted_step_time_ms{key}"] = t["step_s"] * 1e3
+        if overlap == "none":
+            m.update({"memory_read_ms": t["memory_s"] * 1e3, "compute_ms": t["compute_s"] * 1e3,
+                      "exposed_comm_ms": t["comm_s"] * 1e3})
+    m["tokens_per_s"] = m["predicted_tokens_per_s"]
+    m["tokens_per_s_per_device"] = m["predicted_tokens_per_s_per_device"]
+    m["step_time_ms_p50"] = m["decode_ms_per_token_p50"] = m["predicted_step_time_ms"]
     fits = mem["total"] <= hw.mem_bytes
     rec = base_record(spec, "ok" if fits else "oom",
                       None if fits else f"predicted {mem['total'] / 1e9:.1f} GB > {hw.mem_bytes / 1e9:.0f} GB "

@@ -201,8 +201,9 @@ def summary_table(records: Iterable[dict[str, Any]]) -> str:
 
 def breakdown_table(records: Iterable[dict[str, Any]]) -> str:
     """Estimated / modelled runs: per-device peak GiB by category, predicted tok/s per device on the
-    hardware profile (modelled rows), and communication GB per layer (forward + backward)."""
-    cats = ("params", "grads", "optimizer", "activations", "temporaries", "comm_buffers")
+    hardware profile (modelled rows), and communication GB per layer (forward + backward; a decode step's
+    for mode=decode)."""
+    cats = ("params", "grads", "optimizer", "activations", "temporaries", "comm_buffers", "kv_cache")
     recs = [r for r in latest_by_run_id(records) if r.get("method") in ("estimated", "modelled")]
     if not recs:
         return ""
