@@ -59,7 +59,7 @@ def record(run_id: str, scheme: str, seq_len: int, degree: int, *, method: str =
            status: str = "ok", model: str = "tiny", cfg: dict = TINY, tp: int | None = None,
            dp: int = 1, device: str = "cpu", device_name: str | None = None,
            hardware: str | None = None, dtype_bytes: int = 4, metrics: dict | None = None,
-           per_rank: dict | None = None, reason: str | None = None) -> dict:
+           per_rank: dict | None = None, reason: str | None = None, mode: str = "train") -> dict:
     tp_deg = tp if scheme == "tp_sp" else degree if scheme in ("tp", "tp_msp") else 1
     sp_deg = degree // tp_deg if scheme in ("tp_sp", "sp") else 1
     comm = comm_fwd_elems(scheme, seq_len, 1, cfg, degree, tp or 0) * dtype_bytes
@@ -72,7 +72,7 @@ def record(run_id: str, scheme: str, seq_len: int, degree: int, *, method: str =
         "reason": reason, "scheme": scheme, "sp_variant": "allgather" if sp_deg > 1 else None,
         "degree": degree, "tp_degree": tp_deg, "sp_degree": sp_deg, "dp": dp,
         "world_size": degree * dp, "nodes": max(1, degree * dp // 8), "model": model,
-        "model_cfg": cfg, "seq_len": seq_len, "batch": 1, "mode": "train", "dtype": "float32",
+        "model_cfg": cfg, "seq_len": seq_len, "batch": 1, "mode": mode, "dtype": "float32",
         "recompute": "none", "device": device, "device_name": device_name, "hardware": hardware,
         "metrics": m,
         "per_rank": per_rank or {},
@@ -178,9 +178,21 @@ def failures() -> list[dict]:
     ]
 
 
+def decode_runs() -> list[dict]:
+    """Serving: measured CPU decode of the tiny model (tp, tsp) at two context lengths."""
+    out = []
+    for scheme in ("tp", "tsp"):
+        for s in (256, 512):
+            ms = 5.0 + s / 200 + (3.0 if scheme == "tsp" else 0.0)
+            out.append(record(f"cpu-decode-{scheme}-{s}", scheme, s, 2, mode="decode", metrics={
+                "tokens_per_s": 1000 / ms, "tokens_per_s_per_device": 500 / ms, "step_time_ms_p50": ms,
+                "decode_ms_per_token_p50": ms, "prefill_ms": s / 20, "kv_cache_gib": s * 2 * 64 * 2 * 4 / 2 / 2**30}))
+    return out
+
+
 def write_records(path: Path) -> Path:
     """Write the full fixture set; returns the path."""
-    recs = cpu_runs() + gpu_runs() + mi300x_estimates() + modelled_1024() + tiny_estimates()
+    recs = cpu_runs() + gpu_runs() + mi300x_estimates() + modelled_1024() + tiny_estimates() + decode_runs()
     recs += failures()
     # A superseded record: same run_id as the real TSP 128K estimate, written first with a wrong value.
     stale = record("est-tsp-131072", "tsp", 131072, 8, method="estimated", model="llama7b",

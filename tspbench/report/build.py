@@ -142,10 +142,11 @@ def flatten(rec: dict) -> dict:
     row["label"] = scheme_label(row)
     row["hw"] = hardware_label(row)
     row["is_cpu"] = row["hw"] == "CPU (gloo)"
-    # Panels group by model and hardware *profile*, so a measured H100 run and a modelled "h100"
-    # prediction share one panel even though their labels differ.
+    # Panels group by model, hardware *profile* and mode, so a measured H100 run and a modelled "h100"
+    # prediction share one panel even though their labels differ, while a training step, a forward and a
+    # decode step (different work per token) never share a line.
     where = row["hw"] if row["is_cpu"] else (row.get("hardware") or row["hw"])
-    row["ctx"] = f"{row.get('model') or 'model?'} · {where}"
+    row["ctx"] = f"{row.get('model') or 'model?'} · {where} · {row.get('mode') or 'mode?'}"
     ws = num(row.get("world_size")) or num(row.get("degree"))
     tok = num(row.get("tokens_per_s"))
     row["tok_basis"] = "tokens_per_s" if tok is not None else ""

@@ -289,6 +289,16 @@ def fig_energy(df: pd.DataFrame, pal: dict):
 PAIR_KEYS = ("scheme", "seq_len", "degree", "model", "tp_degree", "sp_degree", "batch", "mode")
 
 
+def fig_serving(df: pd.DataFrame, pal: dict, col: str, ylabel: str, caption: str):
+    """mode=decode records: `col` against the context (prompt) length, a line per scheme."""
+    ok = ok_with(df, "seq_len", col)
+    ok = ok[ok["mode"] == "decode"] if not ok.empty else ok
+    if ok.empty:
+        return NO_DATA + f": needs mode=decode runs with {col}."
+    fig, note = metric_vs_seq(ok, col, ylabel, pal)
+    return fig, caption + note
+
+
 def prediction_pairs(df: pd.DataFrame) -> list[tuple[pd.Series, pd.Series]]:
     """(measured, predicted) rows for the same scheme, sequence, layout, model, batch and mode."""
     if df.empty:
@@ -347,6 +357,12 @@ FIGURES = (
     ("fig-power", "Power over time", fig_power),
     ("fig-energy", "Energy per token", fig_energy),
     ("fig-prediction", "Predicted vs measured", fig_prediction),
+    ("fig-kv", "Serving: KV cache per device vs context length", lambda df, pal: fig_serving(
+        df, pal, "kv_cache_gib", "KV cache per device (GiB)",
+        "The largest rank's KV cache after prefill + decode (measured) or for the context (modelled).")),
+    ("fig-decode", "Serving: decode latency per token vs context length", lambda df, pal: fig_serving(
+        df, pal, "decode_ms_per_token_p50", "ms per decode step",
+        "Median decode step (one new token per sequence) at each context length.")),
 )
 
 
