@@ -158,3 +158,15 @@ def test_estimate_rejects_bad_input():
         estimate(TINY, ParallelConfig(scheme="tp", degree=2), 64, 1, mode="decode")
     with pytest.raises(ValueError, match="divisible"):
         estimate(TINY, ParallelConfig(scheme="tsp", degree=3), 64, 1)
+
+
+def test_one_rank_of_an_8way_scheme_runs_alone_with_real_tensors():
+    """tspbench.gpu_check's premise, on CPU: rank 0 of D = 8 under the fake process group, with REAL tensors,
+    allocates exactly what the fake-tensor estimate says (on a lent GPU the same run is set beside
+    torch.cuda.max_memory_allocated)."""
+    from tspbench.gpu_check import check
+    model = replace(GQA, n_layers=4, n_heads=16, n_kv_heads=8)
+    rec = check(model, ParallelConfig(scheme="tsp", degree=8, recompute="full"), 256, "cpu")
+    assert rec["tracked_real_gib"] > 0 and rec["cuda_max_allocated_gib"] is None
+    assert rec["estimated_gib"] == pytest.approx(rec["tracked_real_gib"], rel=1e-6)
+    assert rec["modelled_gib"] == pytest.approx(rec["tracked_real_gib"], rel=0.05)
