@@ -16,21 +16,9 @@ recv_numel convention; bwd includes collectives replayed by recompute), estimate
 peak_phase (where the peak falls), mem_bytes (the breakdown in bytes), phase_peak_bytes (every phase's
 peak) and comm_ops_layer0 (op, phase, group size, numel, received elements, bytes, recompute).
 
-Memory (`MemoryTracker`, a TorchDispatchMode that works on real and fake tensors alike). Every op output's
-untyped storage is registered once (views share it) with its byte size and the event clock; a weak
-reference to the storage records the clock of its release. The running total over the measured step is
-the allocated-bytes curve; its maximum is the peak (≈ `torch.cuda.max_memory_allocated`, without the
-allocator's 512-B rounding and without reserved-but-free cache). What is live at the peak is classified by
-ownership, first match wins:
-    params         storages of the model's parameters (a parameter that is a view keeps its whole base
-                   storage alive, and is counted with it)
-    optimizer      AdamW state (+ the fp32 master copies, see below)
-    grads          storages attached as a parameter's .grad (post-accumulate-grad hooks) by that moment
-    activations    allocated during the forward of the measured step and still alive at its end (saved
-                   for backward, held by checkpoint closures, the loss)
-    comm_buffers   storages a c10d collective read or wrote (`torch.ops.c10d.*`: all-gather/reduce-scatter
-                   outputs and staging copies, broadcast and ring buffers) that are not activations
-    temporaries    everything else live at the peak (backward transients, recomputed activations, ...)
+Memory: `tspbench.memtrack.MemoryTracker` (its docstring says what is counted and how live bytes are
+classified), the same tracker on real and fake tensors.
+
 Steady state: the optimizer state is created by an untimed AdamW step on zero gradients before the
 measured step, as it exists from the second training step on; gradients start as None (zero_grad with
 set_to_none, as the worker does).
@@ -42,15 +30,6 @@ models it by running a real AdamW (fused kernel) on fp32 master copies of the pa
 optimizer: 12 B/param); at the step each bf16 gradient is upcast one parameter at a time (a transient of
 one fp32 gradient), then the bf16 weight is refreshed from its master. `master_fp32=False` runs AdamW on the
 parameters exactly as the worker does (torch's single-tensor AdamW on CPU tensors).
-
-Attention kernel (`attention=`). Fake tensors live on the CPU device, whose SDPA materialises the
-lower-right causal mask (Lq × Lk bools) and is not what a GPU runs. "gpu" (default unless
-hardware="cpu") routes `F.scaled_dot_product_attention` to the CUDA kernel the dispatcher picks (flash
-attention for 16-bit, memory-efficient attention for fp32; causal and lower-right causal as
-`torch.nn.attention.bias.CausalBias` dispatches them; GQA K/V passed to flash without repetition, repeated
-for memory-efficient attention, which has no GQA): it saves Q, K, V,
-the output and the fp32 log-sum-exp, nothing S×S. "native" keeps the CPU kernels (what a real gloo run
-executes; used by the estimate-vs-real tests).
 
 FLOPs: FlopCounterMode's formulas (`torch.utils.flop_counter.flop_registry`, + the CPU flash-attention
 kernels) applied by the tracker to every op of the measured step (matmuls and attention kernels; the
@@ -75,233 +54,18 @@ from __future__ import annotations
 
 import contextlib
 import sys
-import threading
 import time
 import warnings
-import weakref
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
-from torch.utils import _pytree as pytree
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from tspbench.config import DTYPES, MODES, ModelConfig, ParallelConfig, validate_parallel
 
 GIB = float(2**30)
-CATEGORIES = ("params", "grads", "optimizer", "activations", "temporaries", "comm_buffers")
-INF = sys.maxsize
-
-
-# ------------------------------------------------------------------------------------------- memory
-@dataclass
-class _Storage:
-    nbytes: int
-    t_alloc: int
-    t_free: int = INF
-    t_grad: int = INF          # attached as a parameter's .grad at this clock
-    comm: bool = False         # read or written by a c10d collective
-    owner: str | None = None   # "params" | "optimizer" (fixed ownership)
-
-
-def _flop_registry() -> dict:
-    """torch's FLOP formulas (those of FlopCounterMode) + the CPU flash-attention kernels, which torch's
-    registry lacks, so a real CPU run and a native-kernel estimate count attention too."""
-    from torch.utils.flop_counter import (flop_registry, sdpa_backward_flop_count, sdpa_flop_count,
-                                          shape_wrapper)
-
-    def fwd(query, key, value, *args, out_shape=None, **kwargs) -> int:
-        return sdpa_flop_count(query, key, value)
-
-    def bwd(grad_out, query, key, value, *args, out_shape=None, **kwargs) -> int:
-        return sdpa_backward_flop_count(grad_out, query, key, value)
-
-    aten = torch.ops.aten
-    return {**flop_registry, aten._scaled_dot_product_flash_attention_for_cpu: shape_wrapper(fwd),
-            aten._scaled_dot_product_flash_attention_for_cpu_backward: shape_wrapper(bwd)}
-
-
-class MemoryTracker(TorchDispatchMode):
-    """Live untyped-storage bytes over time and FLOPs, on real or fake tensors (module docstring).
-
-    The clock advances by one per allocation or release; `totals[c]` is the live total after event c.
-    `mark(name)` remembers the clock, so phases (forward, each layer, backward, ...) are clock ranges.
-    FLOPs are counted with FlopCounterMode's formulas while `counting` is set (one mode instead of two:
-    the estimate runs ~10⁵ ops through Python, so every layer of dispatch counts).
-    """
-
-    def __init__(self):
-        super().__init__()
-        self.clock = 0
-        self.total = 0
-        self.totals: list[int] = []
-        self.storages: list[_Storage] = []
-        self.live: dict[int, tuple[_Storage, weakref.ref]] = {}
-        self.marks: dict[str, int] = {}
-        self.flops = 0
-        self.counting = False
-        self._flop_formulas = _flop_registry()
-        # A real backend may drop the last reference to a buffer on its own thread (gloo's work queue), so
-        # the weakref callback can run there: every clock event takes this (re-entrant) lock.
-        self._lock = threading.RLock()
-
-    # -- events -----------------------------------------------------------------------------------
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func is _PRIM_DEVICE:                          # most frequent call by far; allocates nothing
-            dev = getattr(args[0], "fake_device", None)
-            return dev if dev is not None else func(*args)
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        if func.namespace == "c10d":
-            for t in pytree.tree_leaves((args, kwargs)):
-                if isinstance(t, torch.Tensor):
-                    rec = self.note(t)
-                    if rec is not None:
-                        rec.comm = True
-            return out
-        for t in pytree.tree_leaves(out):
-            if isinstance(t, torch.Tensor):
-                self.note(t)
-        if self.counting:
-            formula = self._flop_formulas.get(func._overloadpacket)
-            if formula is not None:
-                self.flops += formula(*args, **kwargs, out_val=out)
-        return out
-
-    def note(self, t: torch.Tensor) -> _Storage | None:
-        """Register t's storage if new (or grown by a resize); return its record."""
-        dev = getattr(t, "fake_device", None) or t.device
-        if dev.type == "meta":                            # the meta model before sharding: no memory
-            return None
-        st = t.untyped_storage()
-        key = id(st)
-        with self._lock:
-            hit = self.live.get(key)
-            nbytes = st.nbytes()
-            if hit is not None:
-                rec = hit[0]
-                if nbytes > rec.nbytes:                   # resized in place: count the growth
-                    self._event(nbytes - rec.nbytes)
-                    rec.nbytes = nbytes
-                return rec
-            rec = _Storage(nbytes, self.clock)
-            self.storages.append(rec)
-            self.live[key] = (rec, weakref.ref(st, lambda _r, key=key: self._release(key)))
-            self._event(nbytes)
-            return rec
-
-    def _release(self, key: int) -> None:
-        with self._lock:
-            hit = self.live.pop(key, None)
-            if hit is not None:
-                hit[0].t_free = self.clock
-                self._event(-hit[0].nbytes)
-
-    def _event(self, delta: int) -> None:
-        self.total += delta
-        self.totals.append(self.total)
-        self.clock += 1
-
-    def mark(self, name: str) -> None:
-        with self._lock:
-            self.marks[name] = self.clock
-
-    def own(self, tensors, owner: str) -> None:
-        for t in tensors:
-            rec = self.note(t)
-            if rec is not None:
-                rec.owner = owner
-
-    def grad_attached(self, grad: torch.Tensor | None) -> None:
-        if grad is not None:
-            rec = self.note(grad)
-            if rec is not None:
-                rec.t_grad = min(rec.t_grad, self.clock)
-
-    # -- results ------------------------------------------------------------------------------------
-    def segments(self, start: str, end: str) -> list[tuple[str, int, int]]:
-        """(mark, first clock, end clock) of every marked phase between marks `start` and `end`."""
-        lo, hi = self.marks[start], self.marks[end]
-        inside = sorted((c, n) for n, c in self.marks.items() if lo <= c < hi and n != end)
-        out = []
-        for k, (c, n) in enumerate(inside):
-            nxt = inside[k + 1][0] if k + 1 < len(inside) else hi
-            out.append((n, c, nxt))
-        return out
-
-    def peak_in(self, lo: int, hi: int, include_before: bool = False) -> tuple[int, int]:
-        """(clock, bytes) of the largest total over events lo … hi−1 (and the state before lo)."""
-        t_peak, best = -1, -1
-        if include_before or lo >= hi:
-            t_peak, best = lo - 1, self.totals[lo - 1] if lo > 0 else 0
-        for c in range(lo, hi):
-            if self.totals[c] > best:
-                t_peak, best = c, self.totals[c]
-        return t_peak, best
-
-    def breakdown_at(self, t: int, fwd: tuple[int, int]) -> dict[str, int]:
-        """Live bytes at clock t by category; `fwd` = clock range of the measured forward."""
-        f0, f1 = fwd
-        out = dict.fromkeys(CATEGORIES, 0)
-        for rec in self.storages:
-            if not (rec.t_alloc <= t < rec.t_free):
-                continue
-            if rec.owner:
-                cat = rec.owner
-            elif rec.t_grad <= t:
-                cat = "grads"
-            elif f0 <= rec.t_alloc < f1 and rec.t_free >= f1:
-                cat = "activations"
-            elif rec.comm:
-                cat = "comm_buffers"
-            else:
-                cat = "temporaries"
-            out[cat] += rec.nbytes
-        total = self.totals[t] if t >= 0 else 0
-        assert sum(out.values()) == total, (sum(out.values()), total)
-        return out
-
-
-_PRIM_DEVICE = torch.ops.prim.device.default
-
-
-# ------------------------------------------------------------------------------------------- attention
-@contextlib.contextmanager
-def gpu_attention():
-    """Route `F.scaled_dot_product_attention` to the CUDA kernels (flash for 16-bit, memory-efficient
-    otherwise) the way `CausalBias` dispatches them on a GPU, so fake CPU tensors allocate what a GPU
-    allocates (no materialised mask, no S×S scores). Only causal calls (is_causal or a CausalBias) are
-    rerouted; anything else runs unchanged. The module attribute is patched (a TorchFunctionMode would
-    not be active in the recompute that activation checkpointing runs inside backward)."""
-    real = F.scaled_dot_product_attention
-
-    def sdpa(*args, **kwargs):
-        out = _gpu_sdpa(*args, **kwargs)
-        return real(*args, **kwargs) if out is None else out
-
-    F.scaled_dot_product_attention = sdpa
-    try:
-        yield
-    finally:
-        F.scaled_dot_product_attention = real
-
-
-def _gpu_sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-    from torch.nn.attention.bias import CausalBias
-    if attn_mask is not None and not isinstance(attn_mask, CausalBias):
-        return None
-    if attn_mask is None and not is_causal:
-        return None
-    if q.dtype in (torch.float16, torch.bfloat16):
-        return torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, dropout_p, True, False, scale=scale)[0]
-    if k.shape[1] != q.shape[1]:      # memory-efficient attention has no GQA: K/V heads repeated, as SDPA does
-        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
-        v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
-    need_lse = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-    return torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, None, need_lse, dropout_p, True,
-                                                                   scale=scale)[0]
+from tspbench.memtrack import CATEGORIES, MemoryTracker, gpu_attention  # noqa: F401 (re-exported)
 
 
 # ------------------------------------------------------------------------------------------- optimizer
