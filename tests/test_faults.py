@@ -53,3 +53,22 @@ def test_hang_is_killed_after_timeout_and_recorded(tmp_path):
     assert time.monotonic() - t0 < 20 + 10 + 25     # the hang + the kill grace + one healthy run
     time.sleep(0.5)
     assert not worker_pids(str(tmp_path)), "the hung rank group survived the kill"
+
+
+def test_log_tail_drops_torchruns_own_report(tmp_path):
+    """The ranks' lines survive whatever torchrun prints while it shuts a group down: its agent's log lines,
+    a logging error raised inside its signal handler, and tracebacks through the elastic agent."""
+    from tspbench.launch import log_tail
+    agent = "W1202 15:10:34.302000 10228 site-packages/torch/distributed/elastic/agent/server/api.py:753] "
+    noise_a = [agent + "Received 15 death signal, shutting down workers"] + ["  noise"] * 60
+    noise_b = ["--- Logging error ---", "Traceback (most recent call last):",
+               '  File "/usr/lib/python3.11/logging/__init__.py", line 1113, in emit'] + ["  noise"] * 60
+    noise_c = ["Traceback (most recent call last):", '  File "x/torch/distributed/elastic/agent/server/api.py"']
+    rank_tb = ["Traceback (most recent call last):", '  File "tspbench/worker.py", line 10, in benchmark',
+               "RuntimeError: injected crash (faults.kind=crash) on rank 1"]
+    for noise in (noise_a, noise_b, noise_c + ["  noise"] * 60):
+        log = tmp_path / "run.log"
+        log.write_text("\n".join(["# header", "rank 0: injected hang (faults.kind=hang)", *rank_tb, *noise]))
+        tail = log_tail(log)
+        assert "injected hang" in tail and "injected crash" in tail and "noise" not in tail
+        assert tail.endswith("[torchrun's own report trimmed; full output in the log file]")

@@ -314,18 +314,37 @@ def _failure_record(spec: RunSpec, status: str, reason: str, log_file: Path,
     return rec
 
 
+_AGENT_LOG = re.compile(r"^[WIE]\d{4} .*torch/distributed/elastic/")
+
+
+def _is_agent_noise(lines: list[str], i: int) -> bool:
+    """Does torchrun's own report start at line i? Its agent's log lines ("Received 15 death signal",
+    "Sending process … closing signal"), a logging error while it shuts down, or a traceback through the
+    elastic agent / run.py (its ChildFailedError report). Ranks' own tracebacks never pass through those."""
+    line = lines[i]
+    if _AGENT_LOG.match(line) or line.startswith("--- Logging error ---"):
+        return True
+    if not line.startswith("Traceback (most recent call last)"):
+        return False
+    frames = []                             # this traceback's own frames: indented lines up to the exception
+    for x in lines[i + 1:]:
+        if not x.startswith(" "):
+            break
+        frames.append(x)
+    return any("torch/distributed/elastic/" in x or "torch/distributed/run.py" in x for x in frames)
+
+
 def log_tail(path: Path, n: int = LOG_TAIL_LINES) -> str:
-    """The last `n` lines of a run's log before torchrun's own failure report (its agent traceback and
-    "ChildFailedError" table repeat what the ranks printed above them, and would push the ranks'
-    tracebacks out of the tail)."""
+    """The last `n` lines of a run's log before torchrun's own report (the agent's shutdown messages and
+    tracebacks repeat or bury what the ranks printed above them, and would push the ranks' tracebacks out
+    of the tail)."""
     try:
         lines = Path(path).read_text(errors="replace").splitlines()
     except OSError:
         return ""
-    for i, line in enumerate(lines):
-        if line.startswith("Traceback (most recent call last)") and any(
-                "torch/distributed/run.py" in x for x in lines[i + 1:i + 12]):
-            lines = lines[:i] + ["[torchrun's failure report trimmed; full output in the log file]"]
+    for i in range(len(lines)):
+        if _is_agent_noise(lines, i):
+            lines = lines[:i] + ["[torchrun's own report trimmed; full output in the log file]"]
             break
     return "\n".join(lines[-n:])
 
