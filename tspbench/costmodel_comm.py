@@ -1,0 +1,157 @@
+"""Closed-form communication: elements received per device per layer (training, forward, decode), at the
+embedding and LM head, in the per-step gradient sync, and the TSP/TP crossover (tsp-method.md §5).
+
+Split from `tspbench.costmodel` (which re-exports every name here); the tests bind each formula to the
+collectives the scheme code issues (tests/test_accounting.py, tests/test_decode.py).
+"""
+from __future__ import annotations
+
+import math
+
+from tspbench.config import ModelConfig, ParallelConfig
+from tspbench.costmodel import layer_weight_params, layout, replicated_params
+
+
+# ---------------------------------------------------------------------------------------------- comm
+def comm_per_layer(model: ModelConfig, par: ParallelConfig, seq_len: int, batch: int, *,
+                   mode: str = "forward", regather_kv: bool = False) -> dict:
+    """Elements received per device per layer, by kind (tsp-method.md §5), plus per-step `grad_sync`.
+
+    Forward (bandwidth-optimal collectives, N = B·S):
+        tp, tp_msp  activations 4·N·h·(T−1)/T          (2 all-reduces, or 2 all-gather + reduce-scatter pairs)
+        sp          kv          2·N·(h/g)·(Σ−1)/Σ      (all-gather of K and V)
+        tp_sp       activations 4·(N/Σ)·h·(T−1)/T  +  kv 2·N·(h/(g·T))·(Σ−1)/Σ
+        tsp         weights     W·(D−1)/D              (attention broadcasts + MLP ring)
+                    kv          2·N·(h/g)·(D−1)/D
+    Backward, no recompute: TP repeats its all-reduces; SP/TP×SP reduce-scatter dK/dV (= kv); TSP re-sends
+    the weights (W) and reduces the weight gradients to their owners (W) and reduce-scatters dK/dV (K), so
+    TSP is 3W + 2K forward + backward. `regather_kv=True` adds one K/V all-gather to the backward of
+    sp/tp_sp/tsp (tsp-method.md A7 default; §5's 3W + 2K omits it). Full recompute adds one more forward.
+    `grad_sync` is per step, not per layer: the all-reduce over the group of gradients that ranks holding
+    different tokens compute for the same weights (ring all-reduce: 2·n·(p−1)/p received).
+    """
+    lay, h, g, n = layout(par), model.dim, model.gqa_ratio, batch * seq_len
+    zero = {"weights": 0.0, "kv": 0.0, "activations": 0.0}
+    fwd = dict(zero)
+    s = par.scheme
+    if s in ("tp", "tp_msp", "tp_sp"):
+        fwd["activations"] = 4 * (n / lay.sp) * h * (lay.tp - 1) / lay.tp
+    if s in ("sp", "tp_sp"):
+        fwd["kv"] = 2 * n * h / (g * lay.tp) * (lay.sp - 1) / lay.sp
+    if s == "tsp":
+        d = par.degree
+        fwd["weights"] = layer_weight_params(model) * (d - 1) / d
+        fwd["kv"] = 2 * n * (h / g) * (d - 1) / d
+
+    bwd = dict(zero)
+    if mode == "train":
+        bwd["activations"] = fwd["activations"]                 # TP: all-reduces (or AG/RS) mirrored
+        bwd["kv"] = fwd["kv"] * (2 if regather_kv else 1)       # dK/dV reduce-scatter (+ re-gather)
+        bwd["weights"] = 2 * fwd["weights"]                     # TSP: weight re-send + weight-grad reduce
+        if par.recompute == "full":
+            bwd = {key: bwd[key] + fwd[key] for key in bwd}     # one more forward's worth
+    elif mode != "forward":
+        raise ValueError(f"mode={mode!r} is unknown; allowed: train, forward")
+
+    return {"fwd": fwd, "bwd": bwd, "fwd_total": sum(fwd.values()), "bwd_total": sum(bwd.values()),
+            "grad_sync": grad_sync_elems(model, par) if mode == "train" else 0.0}
+
+
+def comm_embed_head(model: ModelConfig, par: ParallelConfig, seq_len: int, batch: int, *,
+                    mode: str = "forward") -> dict[str, dict[str, float]]:
+    """Elements received per device per step by the vocabulary-parallel embedding ("embed") and LM head +
+    cross-entropy ("head"), forward and backward (tspbench/schemes/vocab.py); zero where the vocabulary is
+    replicated (sp, tsp, tp_sp with T = 1). With T the tensor degree, N = B·S tokens, n = N/Σ local tokens:
+        tp, tp_sp   embed  fwd all-reduce of [n, h]               2·n·h·(T−1)/T;  bwd nothing (g's dual)
+                    head   fwd 3 all-reduces of n scalars (max, Σexp, target logit)  6·n·(T−1)/T;
+                           bwd all-reduce of the head-input gradient (f's dual)       2·n·h·(T−1)/T
+        tp_msp      embed  fwd reduce-scatter of [N, h] into the sequence shards  N·h·(T−1)/T; bwd all-gather, the same
+                    head   fwd all-gather of the final norm's output N·h·(T−1)/T + 6·N·(T−1)/T;
+                           bwd reduce-scatter of its gradient                         N·h·(T−1)/T
+    """
+    t, h = par.vocab_degree, model.dim
+    zero = {"fwd": 0.0, "bwd": 0.0}
+    out = {"embed": dict(zero), "head": dict(zero)}
+    if t <= 1:
+        return out
+    f = (t - 1) / t
+    n = batch * seq_len / layout(par).sp
+    if par.scheme == "tp_msp":
+        out["embed"] = {"fwd": n * h * f, "bwd": n * h * f}
+        out["head"] = {"fwd": n * h * f + 6 * n * f, "bwd": n * h * f}
+    else:
+        out["embed"] = {"fwd": 2 * n * h * f, "bwd": 0.0}
+        out["head"] = {"fwd": 6 * n * f, "bwd": 2 * n * h * f}
+    if mode == "forward":
+        out = {k: {"fwd": v["fwd"], "bwd": 0.0} for k, v in out.items()}
+    elif mode != "train":
+        raise ValueError(f"mode={mode!r} is unknown; allowed: train, forward")
+    return out
+
+
+def comm_decode_per_layer(model: ModelConfig, par: ParallelConfig, batch: int) -> float:
+    """Elements received per device per layer in one decode step (tspbench/schemes/decode.py): B new tokens,
+    replicated on the group; the KV cache never moves.
+        tp, tp_msp (T)  2 all-reduces of [B, h] (f/g)                              4·B·h·(T−1)/T
+        sp (Σ)          merge: all-reduce of max and denominator [B, n_h] and
+                        of the numerator [B, n_h, d]                               2·B·n_h·(d + 2)·(Σ−1)/Σ
+        tp_sp           the two, the merge on the n_h/T local heads
+        tsp (D)         all-gather q, k, v over heads (B·(n_h + 2·n_kv)·d), the merge with the numerator
+                        reduce-scattered (B·n_h·d) and max / denominator all-reduced (4·B·n_h), and
+                        2 all-reduces of [B, h]:                                   B·(6h + 2h/g + 4·n_h)·(D−1)/D
+    """
+    h, n_h, d, g, b = model.dim, model.n_heads, model.head_dim, model.gqa_ratio, batch
+    lay, s = layout(par), par.scheme
+
+    def f(p: int) -> float:
+        return (p - 1) / p
+    if s in ("tp", "tp_msp"):
+        return 4 * b * h * f(lay.tp)
+    if s == "sp":
+        return 2 * b * n_h * (d + 2) * f(lay.sp)
+    if s == "tp_sp":
+        return 4 * b * h * f(lay.tp) + 2 * b * (n_h / lay.tp) * (d + 2) * f(lay.sp)
+    if s == "tsp":
+        return b * (6 * h + 2 * h / g + 4 * n_h) * f(par.degree)
+    return 0.0
+
+
+def grad_sync_group(model: ModelConfig, par: ParallelConfig, layers: int | None = None) -> tuple[float, int]:
+    """(elements all-reduced, group size) of the per-step in-group gradient all-reduce (not DP).
+
+    Ranks that see different tokens produce different partial gradients of a weight they share:
+    sp all-reduces every gradient over Σ; tp_sp the T-sharded weights, vocabulary slices and norms over Σ; tsp
+    the replicated norm/embedding/LM-head weights over D; tp_msp the norm weights over T (norms run on each
+    rank's S/T tokens; the vocabulary-parallel embedding and head see every token). tp and single need none.
+    """
+    lay, s = layout(par), par.scheme
+    n_layers = model.n_layers if layers is None else layers
+    if s in ("sp", "tp_sp"):
+        return n_layers * layer_weight_params(model) / lay.tp + replicated_params(model, layers, par), lay.sp
+    if s == "tsp":
+        return replicated_params(model, layers), par.degree
+    if s == "tp_msp":       # the norms run on each rank's own S/T tokens (embedding and head see all of them)
+        return replicated_params(model, 0) + (2 * n_layers + (1 if layers is None else 0)) * model.dim, par.degree
+    return 0.0, 1
+
+
+def grad_sync_elems(model: ModelConfig, par: ParallelConfig, layers: int | None = None) -> float:
+    """Per-step elements received per device by the in-group gradient ring all-reduce: 2·n·(p−1)/p."""
+    n, p = grad_sync_group(model, par, layers)
+    return 2 * n * (p - 1) / p
+
+
+def crossover_tokens(model: ModelConfig, degree: int, mode: str = "forward") -> int:
+    """Smallest B·S at which TSP's per-layer volume ≤ TP's, for D = T = degree.
+
+    Forward: W·(D−1)/D + 2N(h/g)(D−1)/D ≤ 4Nh(D−1)/D  ⇔  N ≥ W / (h·(4 − 2/g));
+        W = (2 + 2/g)h² + 3·ffn·h, so g = 1, ffn = 4h gives N ≥ 16h²/2h = 8h.
+    Train (no recompute, §5): 3W + 2K ≤ 8Nh  ⇔  N ≥ 3W / (h·(8 − 4/g)), i.e. 12h for g = 1, ffn = 4h.
+    (D−1)/D cancels, so `degree` only matters through degree ≥ 2.
+    """
+    if degree < 2:
+        raise ValueError("degree must be ≥ 2: with one rank neither scheme communicates")
+    w, h, g = layer_weight_params(model), model.dim, model.gqa_ratio
+    denom = h * (4 - 2 / g) if mode == "forward" else h * (8 - 4 / g)
+    num = w if mode == "forward" else 3 * w
+    return math.ceil(num / denom - 1e-9)
