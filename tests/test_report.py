@@ -11,7 +11,8 @@ import pandas as pd
 import pytest
 
 import report_fixtures as rf
-from tspbench.report import build, build_report
+from tspbench.report import build_report
+from tspbench.report import frame as build  # the constants the report prints (CPU_NOTE, NOT_REPRODUCED)
 from tspbench.report.figures import FIGURES
 
 REPO = Path(__file__).resolve().parents[1]
@@ -144,7 +145,8 @@ def test_empty_input(tmp_path):
 
 
 def test_default_out_and_claims_fallback(tmp_path, monkeypatch):
-    monkeypatch.setattr(build, "REPORTS_DIR", tmp_path / "reports")
+    import tspbench.report.build as build_mod
+    monkeypatch.setattr(build_mod, "REPORTS_DIR", tmp_path / "reports")
     src = rf.write_minimal(tmp_path / "min.jsonl")
     html = build_report([src])  # claims from tspbench.claims, or [] while it does not exist
     assert html.parent == tmp_path / "reports" and re.fullmatch(r"report-\d{8}-\d{6}\.html", html.name)

@@ -17,7 +17,7 @@ import seaborn as sns
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
-from tspbench.report.build import CPU_NOTE, GIB_TO_GB, MEM_PARTS, fmt, fmt_seq, num
+from tspbench.report.frame import CPU_NOTE, GIB_TO_GB, MEM_PARTS, fmt, fmt_seq, num
 
 METHOD_STYLE = {"measured": ("-", "o"), "estimated": ("--", "s"), "modelled": (":", "^")}
 MAX_FACETS = 4  # more panels than this stop being readable at 1280 px; the rest are named in a note
