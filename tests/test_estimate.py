@@ -65,6 +65,27 @@ def test_estimate_matches_real_run(real_runs, scheme, recompute):
     assert est["comm"]["comm_elems_per_layer_fwd"] > 0
 
 
+REAL_CASES_4 = [("tp_sp", 2, "none"), ("tsp", 0, "full")]
+
+
+@pytest.fixture(scope="module")
+def real_runs_4():
+    """Four ranks: the 2-D mesh (T = Σ = 2) and TSP at D = 4."""
+    cases = [(TINY, ParallelConfig(scheme=s, degree=4, tp=t, recompute=rc), 64, 1, "train", "float32")
+             for s, t, rc in REAL_CASES_4]
+    return dict(zip(REAL_CASES_4, measure(cases)))
+
+
+@pytest.mark.parametrize("scheme,tp,recompute", REAL_CASES_4)
+def test_estimate_matches_real_run_4_ranks(real_runs_4, scheme, tp, recompute):
+    real = real_runs_4[(scheme, tp, recompute)]
+    par = ParallelConfig(scheme=scheme, degree=4, tp=tp, recompute=recompute)
+    est = json.loads(json.dumps(estimate_summary(TINY, par, 64, 1, dtype="float32", attention="native")))
+    assert not _within(real["mem"], est["mem"]), _within(real["mem"], est["mem"])
+    assert est["flops"] == pytest.approx(real["flops"], rel=0.05) and est["flops"] > 0
+    assert est["comm_ops"] == real["comm_ops"] and est["comm"] == real["comm"]
+
+
 def test_comm_counts_are_not_vacuous(real_runs):
     # tsp's layer 0 issues D broadcasts, D all-gathers and D−1 ring hops forward (tsp-method.md §5)
     ops = [tuple(o) for o in real_runs[("tsp", "none")]["comm_ops"] if o[1] == "fwd" and not o[6]]
