@@ -52,6 +52,12 @@ def test_smoke_grid_has_all_six_schemes_single_at_degree_1():
     assert [s.run_id for s in expand_grid(compose_experiment(["+exp=smoke"]))] == [s.run_id for s in specs]
 
 
+def test_serving_experiment_is_a_decode_grid():
+    specs = expand_grid(compose_experiment(["+exp=serving"]))
+    assert len(specs) == 6 * 4 * 2 and {s.mode for s in specs} == {"decode"}   # 6 layouts × 4 S × 2 B
+    assert {s.degree for s in specs} == {8} and {s.execution for s in specs} == {"auto"}
+
+
 def test_scalar_overrides_replace_grid_axes():
     specs = expand_grid(compose_experiment(["+exp=smoke", "seq_lens=[32,64]", "seq_len=128", "schemes=[tp,tsp]",
                                             "modes=[train,forward]"]))

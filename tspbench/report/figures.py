@@ -37,7 +37,8 @@ def encode(fig: Figure) -> str:
 def palette(df: pd.DataFrame) -> dict[str, tuple]:
     """One colour per scheme+layout label, shared by every figure (df is already in scheme order)."""
     labels = list(dict.fromkeys(df["label"])) if not df.empty else []
-    colours = sns.color_palette("tab10" if len(labels) <= 10 else "husl", max(len(labels), 1))
+    name = "tab10" if len(labels) <= 10 else "tab20" if len(labels) <= 20 else "husl"   # distinct hues first
+    colours = sns.color_palette(name, max(len(labels), 1))
     return dict(zip(labels, colours))
 
 
