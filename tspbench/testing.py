@@ -37,7 +37,7 @@ def skipped_ring_hop():
         reqs = real(self, send, recv, offset, tag)
         for q in reqs:
             q.wait()
-        if tag == 1:  # tsp.WEIGHT_TAG
+        if tag == 1:  # schemes.ring.WEIGHT_TAG
             recv.copy_(send)  # pretend the hop never happened
         return []
     with mock.patch.object(Comm, "start_shift", start_shift):

@@ -40,24 +40,8 @@ from tspbench.schemes.base import ApplyArgs, ParallelModel, materialise_replicat
 from tspbench.schemes.comm import Comm, broadcast_from_owner, gather_from_sequence, reduce_from_region
 from tspbench.schemes.decode import is_owner, merge_partials, partial_attention
 from tspbench.schemes.layout import SeqLayout, attend_shard
+from tspbench.schemes.ring import pack, ring_backward, ring_forward, unpack
 from tspbench.schemes.tp import ATTN_SPLIT, MLP_SPLIT, check_shards, shard_block_weights
-
-WEIGHT_TAG, GRAD_TAG = 1, 2  # P2P tags: a weight hop and a gradient hop may be in flight together
-
-
-def pack(ws: list[torch.Tensor]) -> torch.Tensor:
-    """One flat buffer on the wire (fewer, larger messages)."""
-    return torch.cat([w.reshape(-1) for w in ws])
-
-
-def unpack(buf: torch.Tensor, shapes: list[torch.Size]) -> list[torch.Tensor]:
-    out, off = [], 0
-    for s in shapes:
-        n = s.numel()
-        out.append(buf[off:off + n].view(s))
-        off += n
-    return out
-
 
 # ---- attention: broadcast loop + K/V all-gather -------------------------------------------------------
 class TSPAttention(nn.Module):
@@ -128,59 +112,33 @@ class TSPAttention(nn.Module):
 # ---- gated MLP: weight ring, double-buffered --------------------------------------------------------
 class _RingMLP(torch.autograd.Function):
     """Y = Σ_t SwiGLU(X; shard (p−t) mod D), shards hopping p → p+1 while the current one computes.
-    Backward re-circulates the shards; a gradient accumulator follows each one and lands on its owner."""
+    Backward re-circulates the shards; a gradient accumulator follows each one and lands on its owner
+    (schemes/ring.py)."""
 
     @staticmethod
     def forward(ctx, x, w_gate, w_up, w_down, comm: Comm):
         ctx.comm, ctx.tag = comm, comm.log.tag
         ctx.save_for_backward(x, w_gate, w_up, w_down)
         shapes = [w_gate.shape, w_up.shape, w_down.shape]
-        buf, nxt = pack([w_gate, w_up, w_down]), None
         y = torch.zeros_like(x)
-        for t in range(comm.size):
-            reqs = []
-            if t < comm.size - 1:                  # next shard travels while this one computes
-                nxt = torch.empty_like(buf)
-                reqs = comm.start_shift(buf, nxt, tag=WEIGHT_TAG)
-            y += swiglu(x, *unpack(buf, shapes))   # partial over this shard's F·h/D channels
-            for q in reqs:
-                q.wait()
-            buf = nxt if reqs else buf
+
+        def step(owner, buf):
+            y.add_(swiglu(x, *unpack(buf, shapes)))   # partial over this shard's F·h/D channels
+        ring_forward(comm, pack([w_gate, w_up, w_down]), step)
         return y
 
     @staticmethod
     def backward(ctx, dy):
         x, w_gate, w_up, w_down = ctx.saved_tensors
         comm, shapes = ctx.comm, [w_gate.shape, w_up.shape, w_down.shape]
+        dx = torch.zeros_like(x)
+
+        def partial_grad(owner, buf):
+            dx_t, dw_t = _swiglu_grads(x, unpack(buf, shapes), dy)
+            dx.add_(dx_t)
+            return pack(dw_t)                        # this rank's partial dW for the shard
         with comm.log.scope(ctx.tag, backward=True):
-            buf = pack([w_gate, w_up, w_down]).detach()
-            dx = torch.zeros_like(x)
-            own_grad, acc_in, acc_reqs, keep = None, None, [], []
-            for t in range(comm.size):              # step t: this rank holds shard (rank − t) mod D
-                w_reqs, nxt = [], None
-                if t < comm.size - 1:
-                    nxt = torch.empty_like(buf)
-                    w_reqs = comm.start_shift(buf, nxt, tag=WEIGHT_TAG)
-                dx_t, dw_t = _swiglu_grads(x, unpack(buf, shapes), dy)
-                dx += dx_t
-                g = pack(dw_t)                      # this rank's partial dW for the shard
-                for q in acc_reqs:                  # the accumulator for this shard, from rank − 1
-                    q.wait()
-                if t == 0:
-                    own_grad = g                    # own shard: keep, the others' partials arrive last
-                else:
-                    if acc_in is not None:
-                        g = g + acc_in
-                    acc_in = torch.empty_like(g)    # pass it on (the last hop lands on the owner)
-                    acc_reqs, keep = comm.start_shift(g, acc_in, tag=GRAD_TAG), [g]
-                for q in w_reqs:
-                    q.wait()
-                buf = nxt if w_reqs else buf
-            for q in acc_reqs:
-                q.wait()
-            del keep
-            if acc_in is not None:                  # D ≥ 2: everyone else's partials for my shard
-                own_grad = own_grad + acc_in
+            own_grad = ring_backward(comm, pack([w_gate, w_up, w_down]).detach(), partial_grad)
         dwg, dwu, dwd = unpack(own_grad, shapes)
         return dx, dwg, dwu, dwd, None
 
