@@ -32,6 +32,8 @@ def case_id(vc: VerifyConfig, breakage: str | None) -> str:
         s += f"-{vc.sp_variant}"
     if vc.scheme == "tp_sp":
         s += f"-T{vc.tp}"
+    if vc.vocab != "auto":
+        s += f"-vocab_{vc.vocab}"
     if vc.decode_steps:
         s += f"-decode{vc.decode_steps}"
     return s + (f"-BROKEN_{breakage}" if breakage else "")
@@ -57,6 +59,12 @@ def cases_for_world(world: int) -> list[tuple[VerifyConfig, str | None]]:
         for scheme in ("tsp", "sp"):
             for model in (MHA, GQA8):
                 out.append((_vc(model, scheme, 8), None))
+    if world in (2, 4):  # the embedding / head options: TSP's vocabulary ring, the TP family replicated
+        for model in (MHA, GQA):
+            for rc in ("none", "full"):
+                out.append((replace(_vc(model, "tsp", world, recompute=rc), vocab="ring"), None))
+        for scheme, tp in (("tp", 0), ("tp_msp", 0), ("tp_sp", 2 if world == 4 else 1)):
+            out.append((replace(_vc(MHA, scheme, world, tp=tp), vocab="replicated"), None))
     if world == 2:  # low-precision smoke: same comparison, dtype-based tolerance (verify.TOL)
         for scheme, variant, tp in VARIANTS[2]:
             for dtype in ("float32", "bfloat16"):
@@ -73,7 +81,9 @@ def cases_for_world(world: int) -> list[tuple[VerifyConfig, str | None]]:
                 (_vc(MHA, "tsp", 2), "skipped_ring_hop"),
                 (_vc(MHA, "tsp", 2), "wrong_zigzag_order"),
                 (_vc(MHA, "tsp", 2), "no_reduce_to_owner"),
-                (_vc(MHA, "tsp", 2), "missing_grad_sync")]
+                (_vc(MHA, "tsp", 2), "missing_grad_sync"),
+                (replace(_vc(MHA, "tsp", 2), vocab="ring"), "skipped_ring_hop"),
+                (replace(_vc(MHA, "tsp", 2), vocab="ring"), "ring_head_local_softmax")]
     if world == 4:
         out += [(_vc(MHA, "tsp", 4), "skipped_ring_hop"), (_vc(MHA, "tp_sp", 4, tp=2), "wrong_zigzag_order"),
                 (_vc(MHA, "tp_sp", 4, tp=2), "head_input_grad_not_reduced")]

@@ -23,7 +23,9 @@ BAD = [
     (["scheme=tp", "recompute=selective"], "allowed: none, full"),
     (["dtype=float16"], "allowed: float64, float32, bfloat16"),
     (["model.n_kv_heads=3"], "model.n_kv_heads=3 must divide model.n_heads=8"),
-    (["scheme=tp_msp", "degree=4", "model.vocab_size=130"], "model.vocab_size=130 must be divisible by the tensor"),
+    (["scheme=tp_msp", "degree=4", "model.vocab_size=130"], "model.vocab_size=130 must be divisible by the degree 4"),
+    (["scheme=tp", "vocab=ring"], "vocab=ring is a TSP option"),
+    (["scheme=tsp", "vocab=sharded"], "allowed: auto, replicated, ring"),
 ]
 
 

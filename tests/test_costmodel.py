@@ -301,13 +301,15 @@ def test_paper_tables():
     assert (x.tsp_le_tp == (x.tokens >= 32768)).all()
 
 
-@pytest.mark.parametrize("scheme,tp", [("tp", 0), ("tp_msp", 0), ("tp_sp", 2), ("tp_sp", 1), ("sp", 0), ("tsp", 0)])
-def test_edge_collectives_move_what_comm_embed_head_counts(scheme, tp):
+@pytest.mark.parametrize("scheme,tp,vocab", [("tp", 0, "auto"), ("tp_msp", 0, "auto"), ("tp_sp", 2, "auto"),
+                                            ("tp_sp", 1, "auto"), ("sp", 0, "auto"), ("tsp", 0, "auto"),
+                                            ("tsp", 0, "ring"), ("tp", 0, "replicated")])
+def test_edge_collectives_move_what_comm_embed_head_counts(scheme, tp, vocab):
     """The time model's once-per-step embedding/head collectives receive exactly the volume of
     costmodel.comm_embed_head (which test_accounting binds to the code's CommLog)."""
     from tspbench.costmodel import comm_embed_head
     from tspbench.costmodel_time import edge_collectives, received_elems
-    par = ParallelConfig(scheme=scheme, degree=8, tp=tp)
+    par = ParallelConfig(scheme=scheme, degree=8, tp=tp, vocab=vocab)
     for mode in ("forward", "train"):
         colls = edge_collectives(LLAMA7B, par, S128K, 1, mode=mode)
         got = sum(c * received_elems(op, p, n) for op, p, n, _, c in colls)

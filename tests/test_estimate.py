@@ -94,11 +94,13 @@ def test_comm_counts_are_not_vacuous(real_runs):
 
 
 # ---------------------------------------------------------------------------------------------- (c)
-@pytest.mark.parametrize("scheme,tp,recompute", [
-    ("tsp", 0, "full"), ("tp", 0, "full"), ("tp_msp", 0, "full"), ("sp", 0, "full"), ("tp_sp", 2, "full"),
-    ("tsp", 0, "none"), ("tp_msp", 0, "none"), ("tp_sp", 2, "none")])
-def test_costmodel_matches_estimate_gqa(scheme, tp, recompute):
-    par = ParallelConfig(scheme=scheme, degree=4, tp=tp, recompute=recompute)
+@pytest.mark.parametrize("scheme,tp,recompute,vocab", [
+    ("tsp", 0, "full", "auto"), ("tp", 0, "full", "auto"), ("tp_msp", 0, "full", "auto"), ("sp", 0, "full", "auto"),
+    ("tp_sp", 2, "full", "auto"), ("tsp", 0, "none", "auto"), ("tp_msp", 0, "none", "auto"),
+    ("tp_sp", 2, "none", "auto"), ("tsp", 0, "full", "ring"), ("tsp", 0, "none", "ring"),
+    ("tp", 0, "full", "replicated"), ("tp_msp", 0, "full", "replicated")])
+def test_costmodel_matches_estimate_gqa(scheme, tp, recompute, vocab):
+    par = ParallelConfig(scheme=scheme, degree=4, tp=tp, recompute=recompute, vocab=vocab)
     est = estimate(GQA, par, 2048, 1, dtype="bfloat16")
     model = memory_breakdown(GQA, par, 2048, 1, dtype="bfloat16")
     assert est["provenance"]["extrapolated"]                      # 6 layers: traced 3 and 4

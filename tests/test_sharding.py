@@ -15,7 +15,7 @@ def expected_param_bytes(vc) -> int:
     block = (2 * m.n_heads * d + 2 * m.n_kv_heads * d) * m.dim + 3 * m.ffn_hidden * m.dim
     shard = {"tp": vc.degree, "tp_msp": vc.degree, "tsp": vc.degree, "sp": 1, "single": 1,
              "tp_sp": vc.tp or 1}[vc.scheme]
-    vocab_shard = 1 if vc.scheme in ("sp", "tsp") else shard
+    vocab_shard = {"auto": 1 if vc.scheme in ("sp", "tsp") else shard, "replicated": 1, "ring": vc.degree}[vc.vocab]
     replicated = 2 * m.vocab_size * m.dim // vocab_shard + (2 * m.n_layers + 1) * m.dim
     elem = {"float64": 8, "float32": 4, "bfloat16": 2}[vc.dtype]
     return elem * (replicated + m.n_layers * block // shard)

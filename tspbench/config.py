@@ -15,6 +15,7 @@ SCHEMES = ("single", "tp", "tp_msp", "sp", "tp_sp", "tsp")
 
 SP_VARIANTS = ("allgather", "ring")
 RECOMPUTE = ("none", "full")
+VOCAB = ("auto", "replicated", "ring")
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
 MODES = ("train", "forward", "decode")
 """train: forward + backward + AdamW; forward: one forward (prefill without a cache); decode: serving, a
@@ -73,6 +74,11 @@ class ParallelConfig:
     """sp and tp_sp: K/V exchange, allgather (zigzag, default) or ring (peer-to-peer, online softmax)."""
     recompute: str = "none"
     """Activation recompute: none, or full (each block recomputed in backward)."""
+    vocab: str = "auto"
+    """Embedding and LM head: auto (split by vocabulary over the tensor axis in tp, tp_msp and tp_sp, as in
+    Megatron; replicated in sp and tsp), replicated (whole on every rank, every scheme), or ring (tsp only:
+    1/D of the vocabulary per rank, shards passed round the TSP ring with an online-softmax cross-entropy;
+    tsp-method.md A9 (b))."""
 
     @property
     def world_size(self) -> int:
@@ -90,7 +96,12 @@ class ParallelConfig:
     @property
     def vocab_degree(self) -> int:
         """Ranks the embedding / LM-head vocabulary is split over: the tensor axis of tp, tp_msp and tp_sp
-        (Megatron's vocabulary-parallel embedding and cross-entropy); 1 (replicated) for sp and tsp (A9)."""
+        (Megatron's vocabulary-parallel embedding and cross-entropy); 1 (replicated) for sp and tsp (A9); D with
+        vocab=ring; 1 with vocab=replicated."""
+        if self.vocab == "replicated":
+            return 1
+        if self.vocab == "ring":
+            return self.degree
         return self.tp_degree if self.scheme in ("tp", "tp_msp", "tp_sp") else 1
 
     @property
@@ -134,6 +145,9 @@ def validate_parallel(m: ModelConfig, p: ParallelConfig, seq_len: int, batch: in
     _need(p.sp_variant in SP_VARIANTS,
           f"sp_variant={p.sp_variant!r} is unknown; allowed: {', '.join(SP_VARIANTS)}")
     _need(p.recompute in RECOMPUTE, f"recompute={p.recompute!r} is unknown; allowed: {', '.join(RECOMPUTE)}")
+    _need(p.vocab in VOCAB, f"vocab={p.vocab!r} is unknown; allowed: {', '.join(VOCAB)}")
+    _need(p.vocab != "ring" or p.scheme == "tsp",
+          f"vocab=ring is a TSP option (scheme=tsp); scheme={p.scheme} allows vocab=auto|replicated")
     _need(p.degree >= 1, f"degree={p.degree} must be ≥ 1")
     _need(p.dp >= 1, f"dp={p.dp} must be ≥ 1")
     _need(seq_len >= 1 and batch >= 1, f"seq_len={seq_len} and batch={batch} must be ≥ 1")
@@ -159,8 +173,8 @@ def validate_parallel(m: ModelConfig, p: ParallelConfig, seq_len: int, batch: in
               f"{t} (scheme={p.scheme})")
     v = p.vocab_degree
     if v > 1:
-        _need(m.vocab_size % v == 0, f"model.vocab_size={m.vocab_size} must be divisible by the tensor degree {v} "
-              f"(scheme={p.scheme} splits the embedding and LM head by vocabulary); e.g. "
+        _need(m.vocab_size % v == 0, f"model.vocab_size={m.vocab_size} must be divisible by the degree {v} "
+              f"(scheme={p.scheme} vocab={p.vocab} splits the embedding and LM head by vocabulary); e.g. "
               f"model.vocab_size={v * -(-m.vocab_size // v)}")
     if s > 1:
         _need(seq_len % (2 * s) == 0, f"seq_len={seq_len} must be divisible by 2×(sequence degree {s}) = {2 * s} "

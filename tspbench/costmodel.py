@@ -59,6 +59,11 @@ class Layout:
 
 
 def layout(par: ParallelConfig) -> Layout:
+    from dataclasses import replace
+    return replace(_layout(par), vocab_div=par.vocab_degree)
+
+
+def _layout(par: ParallelConfig) -> Layout:
     d, s = par.degree, par.scheme
     if s == "single":
         return Layout(1, 1, 1, 1, 1, 1, 1)
@@ -151,8 +156,8 @@ def geometry(par: ParallelConfig, seq_len: int, batch: int) -> Geometry:
         return Geometry(n, n, n, 1, 0, False, False, batch)
     if s == "tp":
         return Geometry(n, n, n, d, 0, False, False, batch)
-    if s == "tp_msp":
-        return Geometry(n / d, n, n, d, 0, False, True, batch)
+    if s == "tp_msp":   # the vocabulary-parallel head gathers the sequence; a replicated one runs on S/T tokens
+        return Geometry(n / d, n, n if par.vocab_degree > 1 else n / d, d, 0, False, True, batch)
     if s == "sp":
         return Geometry(n / d, n / d, n / d, 1, n, True, False, batch)
     if s == "tp_sp":
@@ -259,6 +264,8 @@ def head_saved_bytes(model: ModelConfig, par: ParallelConfig, seq_len: int, batc
     buffer: log-softmax (F.cross_entropy, replicated head) or softmax (vocabulary-parallel, which also saves
     each token's int64 id within the slice and a bool mask)."""
     geo, b, vd = geometry(par, seq_len, batch), BYTES[dtype], layout(par).vocab_div
+    if par.vocab == "ring":   # TSP's ring cross-entropy keeps the head input and an fp32 log-sum-exp only
+        return geo.n_res * norm_saved_per_token(model, b) + geo.n_loss * (model.dim * b + 4)
     ids = 9 if vd > 1 else 0
     return (geo.n_res * norm_saved_per_token(model, b)
             + geo.n_loss * (model.dim * b + model.vocab_size / vd * 4 + ids))

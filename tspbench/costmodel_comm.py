@@ -65,6 +65,8 @@ def comm_embed_head(model: ModelConfig, par: ParallelConfig, seq_len: int, batch
         tp, tp_sp   embed  fwd all-reduce of [n, h]               2·n·h·(T−1)/T;  bwd nothing (g's dual)
                     head   fwd 3 all-reduces of n scalars (max, Σexp, target logit)  6·n·(T−1)/T;
                            bwd all-reduce of the head-input gradient (f's dual)       2·n·h·(T−1)/T
+        tsp, vocab=ring  V·h/D per ring hop: embed fwd V·h·(D−1)/D (weights), bwd the same (gradients);
+                    head fwd V·h·(D−1)/D, bwd 2·V·h·(D−1)/D (weights again + gradients)
         tp_msp      embed  fwd reduce-scatter of [N, h] into the sequence shards  N·h·(T−1)/T; bwd all-gather, the same
                     head   fwd all-gather of the final norm's output N·h·(T−1)/T + 6·N·(T−1)/T;
                            bwd reduce-scatter of its gradient                         N·h·(T−1)/T
@@ -75,6 +77,10 @@ def comm_embed_head(model: ModelConfig, par: ParallelConfig, seq_len: int, batch
     if t <= 1:
         return out
     f = (t - 1) / t
+    if par.vocab == "ring":   # tsp: V·h/D per hop; embed D−1 weight hops + D−1 gradient hops, head 1 + 2 rings
+        out = {"embed": {"fwd": model.vocab_size * h * f, "bwd": model.vocab_size * h * f},
+               "head": {"fwd": model.vocab_size * h * f, "bwd": 2 * model.vocab_size * h * f}}
+        return out if mode == "train" else {k: {"fwd": v["fwd"], "bwd": 0.0} for k, v in out.items()}
     n = batch * seq_len / layout(par).sp
     if par.scheme == "tp_msp":
         out["embed"] = {"fwd": n * h * f, "bwd": n * h * f}
@@ -130,8 +136,11 @@ def grad_sync_group(model: ModelConfig, par: ParallelConfig, layers: int | None 
         return n_layers * layer_weight_params(model) / lay.tp + replicated_params(model, layers, par), lay.sp
     if s == "tsp":
         return replicated_params(model, layers), par.degree
-    if s == "tp_msp":       # the norms run on each rank's own S/T tokens (embedding and head see all of them)
-        return replicated_params(model, 0) + (2 * n_layers + (1 if layers is None else 0)) * model.dim, par.degree
+    if s == "tp_msp":       # the norms run on each rank's own S/T tokens (a vocabulary-parallel embedding and
+        # head see all of them; replicated ones see the rank's S/T tokens too)
+        if par.vocab_degree == 1:
+            return replicated_params(model, layers, par), par.degree
+        return (2 * n_layers + (1 if layers is None else 0)) * model.dim, par.degree
     return 0.0, 1
 
 

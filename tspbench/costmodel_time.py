@@ -167,6 +167,11 @@ def edge_collectives(model: ModelConfig, par: ParallelConfig, seq_len: int, batc
     if t <= 1:
         return []
     n = batch * seq_len / layout(par).sp
+    if par.vocab == "ring":                  # tsp: weight rings of V·h/D (and gradient rings in training)
+        shard = model.vocab_size * h / t
+        fwd = [("p2p", 2, shard, t, 2 * (t - 1))]
+        bwd = [("p2p", 2, shard, t, 3 * (t - 1))]
+        return fwd if mode == "forward" else fwd + bwd
     if par.scheme == "tp_msp":
         fwd = [("reduce_scatter", t, n * h, t, 1), ("allgather", t, n * h, t, 1), ("allreduce", t, n, t, 3)]
         bwd = [("allgather", t, n * h, t, 1), ("reduce_scatter", t, n * h, t, 1)]
@@ -198,7 +203,10 @@ def step_time(model: ModelConfig, par: ParallelConfig, seq_len: int, batch: int,
     flops = batch * seq_len * body / par.degree
     if layers is None:                                   # LM head: 2·V·h per token, ×3 (×4) in training
         mult = 1 if mode == "forward" else (4 if recompute else 3)
-        flops += batch * seq_len / lay.loss_div * 2 * model.vocab_size / lay.vocab_div * model.dim * mult
+        if par.vocab == "ring":              # every class for the rank's tokens; backward recomputes the logits
+            flops += batch * seq_len / lay.loss_div * 2 * model.vocab_size * model.dim * (mult + (mult > 1))
+        else:
+            flops += batch * seq_len / lay.loss_div * 2 * model.vocab_size / lay.vocab_div * model.dim * mult
     compute_s = flops / (hw.peak_flops(dtype) * hw.matmul_efficiency)
 
     colls = layer_collectives(model, par, seq_len, batch, mode=mode, regather_kv=regather_kv)

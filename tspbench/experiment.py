@@ -16,11 +16,12 @@ which is what a Hydra multirun sweeps (`-m seq_len=64,128`). The scheme axis is 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Dict, List, Optional
 
-from tspbench.config import (DTYPES, MODES, RECOMPUTE, SCHEMES, SP_VARIANTS, ConfigError, ModelConfig,
+from tspbench.config import (DTYPES, MODES, RECOMPUTE, SCHEMES, SP_VARIANTS, VOCAB, ConfigError, ModelConfig,
                              ParallelConfig)
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -50,6 +51,9 @@ class SchemeOptions:
 
     sp_variants: List[str] = field(default_factory=lambda: ["allgather"])
     """sp and tp_sp: K/V exchange variants to run (allgather | ring); ignored by the other schemes."""
+    vocabs: List[str] = field(default_factory=lambda: ["auto"])
+    """Embedding / LM-head layouts to run (ParallelConfig.vocab: auto | replicated | ring, ring for tsp only),
+    e.g. `scheme_opts.tsp.vocabs=[auto,ring]` or `scheme_opts.tp.vocabs=[auto,replicated]`."""
     tps: List[int] = field(default_factory=lambda: [0])
     """tp_sp: tensor degrees T to run (0 = the largest T ≤ √degree); values that are not proper divisors
     of the degree (1 < T < degree) are skipped, and if none is left T is auto. Ignored elsewhere."""
@@ -159,6 +163,7 @@ class RunSpec:
     run_id: str = ""
     results_file: str = ""
     status_dir: str = ""
+    vocab: str = "auto"
 
     # Fields that define the workload, hence the run_id. Paths, time limits and faults do not.
     IDENTITY = ("scheme", "degree", "tp", "dp", "sp_variant", "recompute", "seq_len", "batch", "mode",
@@ -171,7 +176,7 @@ class RunSpec:
 
     def parallel(self) -> ParallelConfig:
         return ParallelConfig(scheme=self.scheme, degree=self.degree, tp=self.tp, dp=self.dp,
-                              sp_variant=self.sp_variant, recompute=self.recompute)
+                              sp_variant=self.sp_variant, recompute=self.recompute, vocab=self.vocab)
 
     def model_config(self) -> ModelConfig:
         return ModelConfig(**self.model)
@@ -187,6 +192,7 @@ class RunSpec:
     def label(self) -> str:
         extra = f" T={self.parallel().tp_degree}" if self.scheme == "tp_sp" else ""
         extra += f" {self.sp_variant}" if self.scheme in ("sp", "tp_sp") else ""
+        extra += f" vocab={self.vocab}" if self.vocab != "auto" else ""
         return f"{self.scheme} d{self.degree}{extra} S={self.seq_len} B={self.batch} {self.mode}"
 
     def to_json(self) -> str:
@@ -201,6 +207,8 @@ class RunSpec:
 def make_run_id(spec: RunSpec) -> str:
     """`<scheme>-d<degree>-s<S>-b<B>-<mode>-<hash>`: readable, and stable for the same workload."""
     ident = {k: getattr(spec, k) for k in RunSpec.IDENTITY}
+    if spec.vocab != "auto":        # the default keeps the run ids of records written before the option
+        ident["vocab"] = spec.vocab
     digest = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:10]
     return f"{spec.scheme}-d{spec.degree}-s{spec.seq_len}-b{spec.batch}-{spec.mode}-{digest}"
 
@@ -233,6 +241,11 @@ def validate_experiment(cfg: ExperimentConfig) -> None:
     for name, opts in cfg.scheme_opts.items():
         for v in opts.sp_variants:
             _one_of(f"scheme_opts.{name}.sp_variants", v, SP_VARIANTS)
+        for v in opts.vocabs:
+            _one_of(f"scheme_opts.{name}.vocabs", v, VOCAB)
+            if v == "ring" and name != "tsp":
+                raise ConfigError(f"scheme_opts.{name}.vocabs=ring: the vocabulary ring is a TSP option; "
+                                  f"allowed for {name}: auto, replicated")
     if cfg.warmup_steps < 0 or cfg.measured_steps < 1:
         raise ConfigError(f"warmup_steps={cfg.warmup_steps} must be ≥ 0 and measured_steps="
                           f"{cfg.measured_steps} ≥ 1")
@@ -279,7 +292,7 @@ def expand_grid(cfg: ExperimentConfig, results_file: str = "", status_dir: str =
             for degree in ([1] if scheme == "single" else degrees):
                 tps = _tps_for(scheme, degree, opts)
                 for tp in tps:
-                    for variant in variants:
+                    for variant, vocab in itertools.product(variants, opts.vocabs):
                         for batch in batches:
                             for mode in modes:
                                 spec = RunSpec(
@@ -292,7 +305,7 @@ def expand_grid(cfg: ExperimentConfig, results_file: str = "", status_dir: str =
                                     memory_breakdown=cfg.memory_breakdown, power_sample_s=cfg.power_sample_s,
                                     timeout_s=cfg.timeout_s, nodes=cfg.nodes,
                                     fault=_fault_for(cfg.faults, scheme, seq_len, cfg.dp * degree),
-                                    results_file=results_file, status_dir=status_dir)
+                                    results_file=results_file, status_dir=status_dir, vocab=vocab)
                                 if spec.run_id not in seen:
                                     seen.add(spec.run_id)
                                     out.append(spec)
@@ -345,6 +358,7 @@ def base_record(spec: RunSpec, status: str, reason: Optional[str] = None) -> dic
         "mode": spec.mode,
         "dtype": spec.dtype,
         "recompute": spec.recompute,
+        "vocab": spec.vocab,
         "device": spec.device,
         "device_name": None,
         "hardware": spec.hardware,

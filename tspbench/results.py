@@ -153,7 +153,7 @@ def summary_table(records: Iterable[dict[str, Any]]) -> str:
     recs = sorted(latest_by_run_id(records), key=lambda r: (
         r.get("seq_len") or 0, SCHEME_ORDER.index(r["scheme"]) if r.get("scheme") in SCHEME_ORDER else 99,
         r.get("degree") or 0, r.get("batch") or 0, str(r.get("mode")), str(r.get("sp_variant"))))
-    head = (f"{'scheme':<8} {'variant':<9} {'deg':>3} {'T×Σ':>5} {'dp':>3} {'S':>7} {'B':>3} {'mode':<7} {'status':<8} "
+    head = (f"{'scheme':<8} {'variant':<10} {'deg':>3} {'T×Σ':>5} {'dp':>3} {'S':>7} {'B':>3} {'mode':<7} {'status':<8} "
             f"{'method':<9} {'tok/s/dev':>11} {'step ms':>9} {'peak GiB':>10} {'J/token':>9} {'MFU%':>6}")
     lines = [head, "-" * len(head)]
     starred = cpu = offline = False
@@ -173,7 +173,7 @@ def summary_table(records: Iterable[dict[str, Any]]) -> str:
         cpu = cpu or bool(r.get("cpu_note"))
         txs = f"{r.get('tp_degree') or '-'}×{r.get('sp_degree') or '-'}"
         lines.append(
-            f"{r.get('scheme', '?'):<8} {r.get('sp_variant') or '':<9} {r.get('degree', 0):>3} {txs:>5} {r.get('dp', 1):>3} "
+            f"{r.get('scheme', '?'):<8} {_variant(r):<10} {r.get('degree', 0):>3} {txs:>5} {r.get('dp', 1):>3} "
             f"{r.get('seq_len', 0):>7} {r.get('batch', 0):>3} {str(r.get('mode')):<7} {r['status']:<8} "
             f"{r.get('method') or 'measured':<9} {fmt(m.get('tokens_per_s_per_device'), ',.0f'):>11} {fmt(m.get('step_time_ms_p50'), '.1f'):>9} "
             f"{fmt(peak, '.3g') + star:>10} {fmt(m.get('energy_j_per_token'), '.3g'):>9} "
@@ -197,6 +197,13 @@ def summary_table(records: Iterable[dict[str, Any]]) -> str:
         lines.append("CPU (gloo): checks the machinery, not GPU performance; J/token and MFU are "
                      "unavailable on CPU")
     return "\n".join(lines)
+
+
+def _variant(r: dict) -> str:
+    """The summary's variant column: the K/V exchange of sp / tp_sp, or a non-default embedding / head."""
+    if r.get("vocab") not in (None, "auto"):
+        return {"ring": "vocab ring", "replicated": "vocab rep"}.get(r["vocab"], str(r["vocab"]))
+    return r.get("sp_variant") or ""
 
 
 def breakdown_table(records: Iterable[dict[str, Any]]) -> str:

@@ -95,6 +95,27 @@ def decode_cached_everywhere():
         yield
 
 
+@contextlib.contextmanager
+def ring_head_local_softmax():
+    """TSP vocab=ring: the cross-entropy normalises each shard's logits on its own (a log-sum-exp that is
+    reset at every ring step) instead of folding the shards into one online softmax."""
+    from tspbench.schemes import vocab_ring
+    real = vocab_ring.ring_forward
+
+    def ring_forward(comm, own, step):
+        def reset_step(owner, buf):
+            cells = step.__closure__ or ()
+            for c in cells:   # the forward's running (m, l): forget the shards seen so far
+                v = c.cell_contents
+                if isinstance(v, dict) and "m" in v:
+                    v["m"].fill_(-torch.inf)
+                    v["l"].zero_()
+            step(owner, buf)
+        return real(comm, own, reset_step)
+    with mock.patch.object(vocab_ring, "ring_forward", ring_forward):
+        yield
+
+
 BREAKAGES = {
     "missing_allreduce": missing_allreduce,
     "wrong_zigzag_order": wrong_zigzag_order,
@@ -104,4 +125,5 @@ BREAKAGES = {
     "unmasked_vocab_shard": unmasked_vocab_shard,
     "head_input_grad_not_reduced": head_input_grad_not_reduced,
     "decode_cached_everywhere": decode_cached_everywhere,
+    "ring_head_local_softmax": ring_head_local_softmax,
 }

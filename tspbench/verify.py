@@ -54,6 +54,8 @@ class VerifyConfig:
     """sp / tp_sp K/V exchange: allgather | ring."""
     recompute: str = "none"
     """none | full."""
+    vocab: str = "auto"
+    """Embedding / LM head: auto | replicated | ring (tsp only); see ParallelConfig.vocab."""
     seq_len: int = 32
     """Sequence length S (zigzag needs S divisible by 2·Σ)."""
     batch: int = 2
@@ -72,7 +74,7 @@ class VerifyConfig:
 
     def parallel(self) -> ParallelConfig:
         return ParallelConfig(scheme=self.scheme, degree=self.degree, tp=self.tp, dp=self.dp,
-                              sp_variant=self.sp_variant, recompute=self.recompute)
+                              sp_variant=self.sp_variant, recompute=self.recompute, vocab=self.vocab)
 
     def validate(self) -> None:
         if self.dtype not in DTYPES:

@@ -78,6 +78,8 @@ def scheme_label(row: dict) -> str:
         lay = f"D={di}"
     else:
         lay = ""
+    if row.get("vocab") not in (None, "auto"):        # the embedding / LM-head option (ParallelConfig.vocab)
+        lay += f" vocab {row['vocab']}"
     return f"{name} {lay}".strip() if di or s == "tp_sp" else name
 
 

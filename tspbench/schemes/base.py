@@ -23,6 +23,7 @@ from tspbench.schemes.layout import SeqLayout
 
 if TYPE_CHECKING:
     from tspbench.schemes.vocab import VocabShard
+    from tspbench.schemes.vocab_ring import VocabRing
 
 # Mesh axes per scheme, outermost first. The tensor axis is innermost (fastest-varying ranks), as in
 # Megatron, so a tensor group stays inside one node.
@@ -78,13 +79,14 @@ class ParallelModel(nn.Module):
     shards:  local parameter name → Shard
     seq:     the group whose ranks hold different tokens of one replica (None if tokens are replicated)
     dp:      the data-parallel group (None if dp = 1)
-    vocab:   this rank's vocabulary slice when the embedding / LM head are split (schemes/vocab.py): the
-             logits are then [B, S_loc, V/T] and the loss is the vocabulary-parallel cross-entropy
+    vocab:   the split embedding / LM head when there is one: a VocabShard (schemes/vocab.py: logits
+             [B, S_loc, V/T], vocabulary-parallel cross-entropy) or a VocabRing (schemes/vocab_ring.py: the
+             head passes hidden states, the cross-entropy runs on the ring); `loss_sum` and `full` either way
     """
 
     def __init__(self, module: Transformer, par: ParallelConfig, shards: dict[str, Shard],
                  layout: SeqLayout | None, seq: Comm | None, dp: Comm | None, log: CommLog,
-                 vocab: VocabShard | None = None):
+                 vocab: VocabShard | VocabRing | None = None):
         super().__init__()
         self.module, self.par, self.shards = module, par, shards
         self.layout, self.seq, self.dp, self.log, self.vocab = layout, seq, dp, log, vocab
@@ -113,9 +115,8 @@ class ParallelModel(nn.Module):
         Returns (loss to backward, logits)."""
         logits = self(tokens, positions)
         n_tokens = targets.shape[0] * (self.layout.seq_len if self.layout else targets.shape[1])
-        if self.vocab is not None:
-            from tspbench.schemes.vocab import vocab_parallel_loss_sum
-            return vocab_parallel_loss_sum(logits, targets, self.vocab) / n_tokens, logits
+        if self.vocab is not None:     # vocabulary-parallel (schemes/vocab.py) or the TSP ring (vocab_ring.py)
+            return self.vocab.loss_sum(logits, targets) / n_tokens, logits
         return token_loss_sum(logits, targets) / n_tokens, logits
 
     def replica_loss(self, local_loss: torch.Tensor) -> torch.Tensor:
@@ -151,7 +152,7 @@ class ParallelModel(nn.Module):
     def full_decode_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """A decode step's local logits → [B, 1, V] (they are replicated over the sequence group)."""
         with _no_log(self.log):
-            return logits if self.vocab is None else self.vocab.comm.all_gather(logits.contiguous(), -1)
+            return logits if self.vocab is None else self.vocab.full_decode(logits)
 
     # ---- gradients ---------------------------------------------------------------------------------
     def finish_grad_sync(self) -> None:
@@ -201,7 +202,7 @@ class ParallelModel(nn.Module):
         """Local logits [B, S_loc, V] (or [B, S_loc, V/T]) → this replica's logits [B, S, V] in logical order."""
         with _no_log(self.log):
             if self.vocab is not None:
-                logits = self.vocab.comm.all_gather(logits.contiguous(), -1)
+                logits = self.vocab.full(logits)
             if self.seq is None or self.layout is None:
                 return logits
             return self.layout.unshard(self.seq.all_gather(logits.contiguous(), 1), 1)

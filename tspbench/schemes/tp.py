@@ -112,7 +112,8 @@ def apply(cfg: ModelConfig, par: ParallelConfig, args: ApplyArgs) -> ParallelMod
         block.attention = TPAttention(shard_block_weights(block.attention, f"layers.{i}.attention", ATTN_SPLIT,
                                                           comm, args, shards), comm, cfg)
         block.mlp = TPMLP(shard_block_weights(block.mlp, f"layers.{i}.mlp", MLP_SPLIT, comm, args, shards), comm)
-    vocab = shard_vocab(module, cfg, comm, args, shards, grad_sum=None, sequence_parallel=False)
+    vocab = (shard_vocab(module, cfg, comm, args, shards, grad_sum=None, sequence_parallel=False)
+             if par.vocab_degree > 1 else None)          # vocab=replicated: every rank the whole head
     materialise_replicated(module, shards, args.seed, args.dtype, args.device, grad_sum=None)
     return ParallelModel(module, par, check_shards(module, shards), None, None, args.comm("dp"), args.log, vocab)
 

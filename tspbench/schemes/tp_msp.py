@@ -25,6 +25,7 @@ from tspbench.config import ModelConfig, ParallelConfig
 from tspbench.schemes.base import ApplyArgs, ParallelModel, materialise_replicated, meta_model
 from tspbench.schemes.comm import gather_from_sequence, reduce_scatter_to_sequence
 from tspbench.schemes.vocab import shard_vocab
+from tspbench.schemes.layout import SeqLayout
 from tspbench.schemes.tp import ATTN_SPLIT, MLP_SPLIT, TPAttention, TPMLP, check_shards, shard_block_weights
 
 
@@ -59,6 +60,12 @@ def apply(cfg: ModelConfig, par: ParallelConfig, args: ApplyArgs) -> ParallelMod
         block.attention = MSPAttention(shard_block_weights(block.attention, f"layers.{i}.attention", ATTN_SPLIT,
                                                            comm, args, shards), comm, cfg)
         block.mlp = MSPMLP(shard_block_weights(block.mlp, f"layers.{i}.mlp", MLP_SPLIT, comm, args, shards), comm)
+    if par.vocab_degree == 1:
+        # vocab=replicated: embedding, norms and head on this rank's contiguous S/T tokens, their gradients
+        # summed over the group; the loss shares sum over it.
+        materialise_replicated(module, shards, args.seed, args.dtype, args.device, grad_sum=comm)
+        layout = SeqLayout(args.seq_len, comm.size, comm.rank, zigzag=False)
+        return ParallelModel(module, par, check_shards(module, shards), layout, comm, args.comm("dp"), args.log)
     vocab = shard_vocab(module, cfg, comm, args, shards, grad_sum=None, sequence_parallel=True)
     materialise_replicated(module, shards, args.seed, args.dtype, args.device, grad_sum=comm)
     # Inputs, targets and the loss cover the whole sequence (as in tp): the embedding scatters the sequence

@@ -93,6 +93,7 @@ def apply(cfg: ModelConfig, par: ParallelConfig, args: ApplyArgs) -> ParallelMod
         aw = _block_weights(block.attention, f"layers.{i}.attention", ATTN_SPLIT, tp, args, shards, sp)
         block.attention = TPSPAttention(aw, tp, sp, layout, cfg, par.sp_variant)
         block.mlp = TPSPMLP(_block_weights(block.mlp, f"layers.{i}.mlp", MLP_SPLIT, tp, args, shards, sp), tp)
-    vocab = shard_vocab(module, cfg, tp, args, shards, grad_sum=sp, sequence_parallel=False) if tp else None
+    vocab = (shard_vocab(module, cfg, tp, args, shards, grad_sum=sp, sequence_parallel=False)
+             if tp and par.vocab_degree > 1 else None)
     materialise_replicated(module, shards, args.seed, args.dtype, args.device, grad_sum=sp)
     return ParallelModel(module, par, check_shards(module, shards), layout, sp, args.comm("dp"), args.log, vocab)

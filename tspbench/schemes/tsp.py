@@ -17,7 +17,8 @@ recomputed, so nothing of size S is kept per shard); each shard's weight gradien
 all-gather). The MLP re-circulates the weights and a gradient accumulator travels behind each shard, picking
 up every rank's partial dW and arriving summed at the owner after D−1 hops (a ring reduce-scatter). dX
 stays local. Norms, embedding and LM head are replicated and run on local tokens (A9), so their gradients
-are all-reduced over the group.
+are all-reduced over the group; with vocab=ring the embedding and LM head are sharded 1/D and travel the
+same weight ring as the MLP (schemes/vocab_ring.py, A9 (b)).
 
 Communication per layer per rank, forward (elements received; W = (2+2/g+3F)·h² weights, K = 2·B·S·h/g):
     D broadcasts of (2+2/g)·h²/D  +  D−1 ring hops of 3F·h²/D   → W·(D−1)/D
@@ -42,6 +43,7 @@ from tspbench.schemes.decode import is_owner, merge_partials, partial_attention
 from tspbench.schemes.layout import SeqLayout, attend_shard
 from tspbench.schemes.ring import pack, ring_backward, ring_forward, unpack
 from tspbench.schemes.tp import ATTN_SPLIT, MLP_SPLIT, check_shards, shard_block_weights
+from tspbench.schemes.vocab_ring import ring_vocab
 
 # ---- attention: broadcast loop + K/V all-gather -------------------------------------------------------
 class TSPAttention(nn.Module):
@@ -175,5 +177,6 @@ def apply(cfg: ModelConfig, par: ParallelConfig, args: ApplyArgs) -> ParallelMod
         block.attention = TSPAttention(shard_block_weights(block.attention, f"layers.{i}.attention", ATTN_SPLIT,
                                                            comm, args, shards), comm, layout, cfg)
         block.mlp = TSPMLP(shard_block_weights(block.mlp, f"layers.{i}.mlp", MLP_SPLIT, comm, args, shards), comm)
+    vocab = ring_vocab(module, cfg, comm, args, shards) if par.vocab == "ring" else None   # A9 (b)
     materialise_replicated(module, shards, args.seed, args.dtype, args.device, grad_sum=comm)
-    return ParallelModel(module, par, check_shards(module, shards), layout, comm, args.comm("dp"), args.log)
+    return ParallelModel(module, par, check_shards(module, shards), layout, comm, args.comm("dp"), args.log, vocab)

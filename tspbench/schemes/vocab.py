@@ -53,6 +53,15 @@ class VocabShard:
         outside = (local < 0) | (local >= self.size)
         return local.masked_fill(outside, 0), outside
 
+    def loss_sum(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return vocab_parallel_loss_sum(logits, targets, self)
+
+    def full(self, logits: torch.Tensor) -> torch.Tensor:
+        """[B, S_loc, V/T] → [B, S_loc, V] (verification only)."""
+        return self.comm.all_gather(logits.contiguous(), -1)
+
+    full_decode = full
+
 
 class VocabParallelEmbedding(nn.Module):
     """Rows `vocab.start …` of the embedding; sums the shards' lookups over the tensor group."""
