@@ -299,6 +299,9 @@ def test_paper_tables():
     assert p["fraction_of_peak_layer_causal_halved"] == pytest.approx(0.21, abs=0.005)
     x = crossover_table()
     assert (x.tsp_le_tp == (x.tokens >= 32768)).all()
+    from tspbench.paper import throughput_assumptions
+    text = "\n".join(throughput_assumptions())       # what drives the ratio is printed beside it
+    assert "448 GB/s" in text and "forward only" in text and "training instead" in text
 
 
 @pytest.mark.parametrize("scheme,tp,vocab", [("tp", 0, "auto"), ("tp_msp", 0, "auto"), ("tp_sp", 2, "auto"),

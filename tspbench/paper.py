@@ -203,6 +203,33 @@ def paper_throughput_table(hw: str = "mi300x", n_gpus: int = N_GPUS, seq_len: in
     return df
 
 
+def throughput_assumptions(hw: str = "mi300x", n_gpus: int = N_GPUS, seq_len: int = SEQ_128K,
+                           degree: int = DEGREE) -> list[str]:
+    """The assumptions that drive `paper_throughput_table`, as printable lines (profile constants, overlap,
+    forward vs training), with the training-mode ratio for contrast: nothing here is fitted to the claims."""
+    p = load_hardware(hw)
+    train = {}
+    for name, par in layouts(degree):
+        if name.startswith("TP T="):
+            continue
+        train[name] = cluster_throughput(LLAMA7B, replace(par, recompute="full"), seq_len, 1, p, n_gpus,
+                                         mode="train")["tokens_per_s"]
+    tsp = train.pop(next(n for n in train if n.startswith("TSP")))
+    ratios = [tsp / v for v in train.values()]
+    return [
+        f"assumptions ({p.name} profile, conf/hardware/{p.name}.yaml): bf16 peak {p.peak_flops_bf16 / 1e12:,.0f} "
+        f"TFLOP/s × matmul efficiency {p.matmul_efficiency:g}; intra-node collectives {p.intra_node_bw / 1e9:,.0f} "
+        f"GB/s per GPU, α = {p.intra_node_latency_s * 1e6:g} µs; peer-to-peer link "
+        f"{(p.intra_node_p2p_bw or p.intra_node_bw) / 1e9:,.0f} GB/s; inter-node {p.inter_node_bw / 1e9:,.0f} GB/s per GPU, "
+        f"α = {p.inter_node_latency_s * 1e6:g} µs; collective efficiency {p.comm_efficiency:g}.",
+        f"overlap: none = compute + communication; ideal = max of the two. {n_gpus // degree} data-parallel "
+        f"replicas of D = {degree}, B = 1, S = {seq_len // 1024}K; forward only (the claim is 'mostly forward "
+        "pass'; no DP all-reduce in a forward).",
+        f"training instead (forward + backward + AdamW, full recompute, DP all-reduce, no overlap): TSP ÷ TP×SP "
+        f"(T·Σ = {degree}) = {min(ratios):.2f}–{max(ratios):.2f}.",
+    ]
+
+
 def plausibility_173m(hw: str = "mi300x", tokens_per_s: float | None = None, n_gpus: int = N_GPUS,
                       seq_len: int = SEQ_128K) -> dict:
     """PFLOP/s per GPU that 173M tok/s on 1,024 GPUs would need (tsp-method.md §6.5), full model vs one layer."""
@@ -276,6 +303,7 @@ def print_tables(names: list[str]) -> None:
                 print("paper throughput, 1,024 × MI300X, S = 128K, D = 8, forward (modelled; tsp_speedup = TSP "
                       "tokens/s ÷ this layout's, beside the claimed 2.0x (blog) and 2.6x (press)):")
                 print(df[cols].to_string(index=False))
+                print("\n".join(throughput_assumptions()))
             elif name == "plausibility":
                 p = plausibility_173m()
                 print(f"173M tokens/s on 1,024 MI300X = {p['tokens_per_s_per_gpu']:,.0f} tok/s per GPU: a full "
