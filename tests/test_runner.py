@@ -52,6 +52,12 @@ def test_smoke_grid_has_all_six_schemes_single_at_degree_1():
     assert [s.run_id for s in expand_grid(compose_experiment(["+exp=smoke"]))] == [s.run_id for s in specs]
 
 
+def test_microbatch_experiment_sweeps_b_on_16_gpus():
+    specs = expand_grid(compose_experiment(["+exp=microbatch"]))
+    assert {s.batch for s in specs} == {1, 2, 4, 8, 16} and {s.world_size for s in specs} == {16}
+    assert len(specs) == 4 * 5 and {s.mode for s in specs} == {"train"}       # tp, tp_sp ×2, tsp
+
+
 def test_serving_experiment_is_a_decode_grid():
     specs = expand_grid(compose_experiment(["+exp=serving"]))
     assert len(specs) == 6 * 4 * 2 and {s.mode for s in specs} == {"decode"}   # 6 layouts × 4 S × 2 B
