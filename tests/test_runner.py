@@ -125,6 +125,9 @@ def test_decode_mode_measures_prefill_decode_and_kv_cache(tmp_path):
     # owns the even ones); the record keeps the largest rank's cache
     kv = {r["scheme"]: r["metrics"]["kv_cache_gib"] * 2**30 for r in recs}
     assert kv == {"tp": 2 * 35 * 4 * 8 * 4, "tsp": 2 * (16 + 2) * 8 * 8 * 4}
+    # storage is reserved with the prefill for the run's decode steps (5 here; tsp: ⌈5/2⌉ per rank)
+    alloc = {r["scheme"]: r["metrics"]["kv_cache_allocated_gib"] * 2**30 for r in recs}
+    assert alloc == {"tp": 2 * 37 * 4 * 8 * 4, "tsp": 2 * (16 + 3) * 8 * 8 * 4}
 
 
 def test_auto_decode_without_devices_is_modelled(tmp_path):

@@ -99,25 +99,50 @@ def swiglu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: to
 
 class LayerKV:
     """One layer's KV cache: K and V of the tokens seen so far, [B, n_kv, L, d] each (a scheme keeps its own
-    heads and/or tokens), grown by `append` along the token dimension. Serving only (no autograd)."""
+    heads and/or tokens), grown by `append` along the token dimension. Serving only (no autograd).
 
-    def __init__(self):
-        self.k: torch.Tensor | None = None
-        self.v: torch.Tensor | None = None
+    Storage is preallocated: the first append (the prefill) reserves room for `reserve` more tokens, so a
+    decode step writes one token in place instead of copying the whole cache; past the reserve the buffer
+    doubles (amortised O(1) copies per token). `k` / `v` are views of the filled part."""
+
+    def __init__(self, reserve: int = 0):
+        self.reserve = reserve
+        self._k: torch.Tensor | None = None
+        self._v: torch.Tensor | None = None
+        self.length = 0
 
     @property
-    def length(self) -> int:
-        return 0 if self.k is None else self.k.shape[2]
+    def k(self) -> torch.Tensor | None:
+        return None if self._k is None else self._k[:, :, :self.length]
+
+    @property
+    def v(self) -> torch.Tensor | None:
+        return None if self._v is None else self._v[:, :, :self.length]
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Add new tokens' K/V (dim 2); returns the whole cache."""
-        k, v = k.detach(), v.detach()
-        self.k = k if self.k is None else torch.cat([self.k, k], dim=2)
-        self.v = v if self.v is None else torch.cat([self.v, v], dim=2)
+        """Add new tokens' K/V (dim 2); returns the whole cache (views)."""
+        end = self.length + k.shape[2]
+        if self._k is None or end > self._k.shape[2]:
+            cap = end + self.reserve if self._k is None else max(end, 2 * self._k.shape[2])
+            bufs = []
+            for old, new in ((self._k, k), (self._v, v)):
+                buf = new.new_empty((*new.shape[:2], cap, new.shape[3]))
+                if old is not None:
+                    buf[:, :, :self.length] = old[:, :, :self.length]
+                bufs.append(buf)
+            self._k, self._v = bufs
+        self._k[:, :, self.length:end] = k.detach()
+        self._v[:, :, self.length:end] = v.detach()
+        self.length = end
         return self.k, self.v
 
     def nbytes(self) -> int:
+        """Bytes of the cached tokens (the cache's contents)."""
         return sum(t.numel() * t.element_size() for t in (self.k, self.v) if t is not None)
+
+    def capacity_bytes(self) -> int:
+        """Bytes allocated, reserve included (what the device holds)."""
+        return sum(t.numel() * t.element_size() for t in (self._k, self._v) if t is not None)
 
 
 class Attention(nn.Module):
@@ -195,10 +220,11 @@ class Transformer(nn.Module):
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.lm_head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
 
-    def start_kv_cache(self) -> list[LayerKV]:
+    def start_kv_cache(self, reserve: int = 0) -> list[LayerKV]:
         """Give every attention an empty KV cache: the next forward is the prefill, each later one decodes
-        (call with the new tokens and their global positions, under torch.no_grad)."""
-        caches = [LayerKV() for _ in self.layers]
+        (call with the new tokens and their global positions, under torch.no_grad). `reserve`: room for that
+        many more tokens per layer, allocated with the prefill."""
+        caches = [LayerKV(reserve) for _ in self.layers]
         for block, kv in zip(self.layers, caches):
             block.attention.kv = kv
         return caches

@@ -32,7 +32,7 @@ def run_decode_case(vc: VerifyConfig, breakage: str | None = None) -> CaseResult
     log = CommLog()
     with _breakage(breakage), torch.no_grad():
         pm = apply_scheme(vc.model, par, ApplyArgs(build_mesh(par, device.type), s, vc.seed, dtype, device, log))
-        pm.start_kv_cache()
+        pm.start_kv_cache(n)
         tok, _, pos = pm.local_batch(tokens[:, :s], tokens[:, :s])
         prefill = _replicas(pm, pm.full_logits(pm(tok, pos)))                       # [dp·B, S, V]
         steps = []

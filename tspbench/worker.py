@@ -116,7 +116,7 @@ def benchmark(spec: RunSpec, device: torch.device, rank: int, world: int) -> dic
     fault = Fault(spec.fault, rank)
     serving: dict = {}
     if decode:
-        serving = prefill(pm, tok, pos, device)
+        serving = prefill(pm, tok, pos, device, new_tokens=extra)
         position = [s]
 
     def step() -> torch.Tensor | None:
@@ -174,6 +174,7 @@ def benchmark(spec: RunSpec, device: torch.device, rank: int, world: int) -> dic
     mem = memory_mod.breakdown(step, pm, opt, device) if spec.memory_breakdown else {}
     if decode:
         serving["kv_cache_gib"] = pm.kv_cache_bytes() / memory_mod.GIB
+        serving["kv_cache_allocated_gib"] = pm.kv_cache_bytes(allocated=True) / memory_mod.GIB
     mine = {"step_ms": step_ms, "window_s": timer.window_s, "peaks": peaks, "mem": mem, "serving": serving,
             "energy": energy.__dict__, "comm": comm, "device_name": device_name(device)}
     gathered: list = [None] * world
@@ -183,9 +184,10 @@ def benchmark(spec: RunSpec, device: torch.device, rank: int, world: int) -> dic
     return build_record(spec, gathered, loss_value, n_tokens, started)
 
 
-def prefill(pm, tok: torch.Tensor, pos: torch.Tensor, device: torch.device) -> dict:
-    """Serving: fill empty KV caches with the prompt (this scheme's token layout), timed once."""
-    pm.start_kv_cache()
+def prefill(pm, tok: torch.Tensor, pos: torch.Tensor, device: torch.device, new_tokens: int) -> dict:
+    """Serving: fill empty KV caches with the prompt (this scheme's token layout, room reserved for the
+    tokens the run will decode), timed once."""
+    pm.start_kv_cache(new_tokens)
     dist.barrier()
     timing.sync(device)
     t0 = time.perf_counter()
@@ -253,6 +255,10 @@ def build_record(spec: RunSpec, ranks: list[dict], loss: float | None, n_tokens:
         m["prefill_tokens_per_s"] = spec.dp * spec.batch * spec.seq_len / (m["prefill_ms"] / 1e3)
         m["kv_cache_gib"] = max(r["serving"]["kv_cache_gib"] for r in ranks)
         m["decode_ms_per_token_p50"] = m.get("step_time_ms_p50")
+        m["kv_cache_allocated_gib"] = max(r["serving"]["kv_cache_allocated_gib"] for r in ranks)
+        if m.get("mem_total_gib") is not None:   # the cache predates the tracked step: add it as a category
+            m["mem_kv_cache_gib"] = m["kv_cache_allocated_gib"]
+            m["mem_total_gib"] += m["kv_cache_allocated_gib"]
     m.update({"comm_bytes_per_layer_fwd": dev0["comm"]["fwd"], "comm_bytes_per_layer_bwd": dev0["comm"]["bwd"],
               "comm_ops_per_layer": dev0["comm"]["ops"], "loss": loss,
               "throughput_note": rec["cpu_note"]})

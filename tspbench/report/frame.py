@@ -32,7 +32,8 @@ NUMERIC = ("seq_len", "degree", "tp_degree", "sp_degree", "dp", "world_size", "n
            "mfu_causal_pct", "mfu_noncausal_pct", "device_capacity_gib")
 MEM_PARTS = (("mem_params_gib", "params"), ("mem_grads_gib", "grads"),
              ("mem_optimizer_gib", "optimizer"), ("mem_activations_gib", "activations"),
-             ("mem_temporaries_gib", "temporaries"), ("mem_comm_buffers_gib", "comm buffers"))
+             ("mem_temporaries_gib", "temporaries"), ("mem_comm_buffers_gib", "comm buffers"),
+             ("mem_kv_cache_gib", "KV cache"))
 
 
 # ---------------------------------------------------------------- loading -------------------------

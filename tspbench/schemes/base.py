@@ -127,9 +127,12 @@ class ParallelModel(nn.Module):
         return loss
 
     # ---- serving (schemes/decode.py) ---------------------------------------------------------------
-    def start_kv_cache(self) -> None:
-        """Empty KV caches: the next forward (this scheme's token layout, no grad) is the prefill."""
-        self.kv_caches = self.module.start_kv_cache()
+    def start_kv_cache(self, new_tokens: int = 0) -> None:
+        """Empty KV caches: the next forward (this scheme's token layout, no grad) is the prefill. Room for
+        `new_tokens` decoded tokens is reserved with it (a rank of a token-sharded cache gets a 1/group share,
+        rounded up)."""
+        seq = self.seq.size if self.seq is not None else 1
+        self.kv_caches = self.module.start_kv_cache(-(-new_tokens // seq))
         for m in self.module.modules():
             if hasattr(m, "decoding"):
                 m.decoding = False
@@ -146,8 +149,10 @@ class ParallelModel(nn.Module):
             tokens = tokens.chunk(self.dp.size, 0)[self.dp.rank]
         return self.module(tokens, torch.tensor([position], device=tokens.device))
 
-    def kv_cache_bytes(self) -> int:
-        return sum(kv.nbytes() for kv in getattr(self, "kv_caches", []))
+    def kv_cache_bytes(self, allocated: bool = False) -> int:
+        """This rank's cached K/V bytes (or, `allocated`, the bytes reserved for them)."""
+        caches = getattr(self, "kv_caches", [])
+        return sum(kv.capacity_bytes() if allocated else kv.nbytes() for kv in caches)
 
     def full_decode_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """A decode step's local logits → [B, 1, V] (they are replicated over the sequence group)."""
