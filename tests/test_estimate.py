@@ -37,11 +37,22 @@ def test_slice_param_holds_only_its_shard():
     assert p.untyped_storage().nbytes() == p.numel() * p.element_size()
 
 
-def _within(model: dict, est: dict, tol: float = 0.05) -> list[str]:
-    """The total and the categories whose model/estimate difference exceeds tol × the estimated total."""
+def _within(model: dict, est: dict, tol: float = 0.05, slack: float = 0.0) -> list[str]:
+    """The total and the categories whose model/estimate difference exceeds tol × the estimated total
+    (+ `slack` bytes)."""
     keys = ("total", *CATEGORIES)
-    return [f"{k} {model[k] / 1e9:.3f} vs {est[k] / 1e9:.3f} GB" for k in keys
-            if abs(model[k] - est[k]) > tol * est["total"]]
+    return [f"{k} {model[k] / 1e9:.4f} vs {est[k] / 1e9:.4f} GB" for k in keys
+            if abs(model[k] - est[k]) > tol * est["total"] + slack]
+
+
+def _gloo_slack(real: dict, par: ParallelConfig) -> float:
+    """A real gloo run may free one collective's buffer a little later than the fake process group (gloo's
+    worker thread drops its reference asynchronously): on a 3 MB tiny-model step that one buffer can exceed
+    5% of the total, so the real-run comparison allows the largest collective buffer of the step on top (a
+    layer's, or the gradient-sync bucket's; float32)."""
+    from tspbench.costmodel import grad_sync_bucket_elems
+    layer = max((op[5] for op in real["comm_ops"]), default=0)
+    return float(max(layer, 4 * grad_sync_bucket_elems(TINY, par)))
 
 
 # ---------------------------------------------------------------------------------------------- (a), (b)
@@ -55,9 +66,10 @@ def real_runs():
 @pytest.mark.parametrize("scheme,recompute", REAL_CASES)
 def test_estimate_matches_real_run(real_runs, scheme, recompute):
     real = real_runs[(scheme, recompute)]
-    est = json.loads(json.dumps(estimate_summary(TINY, ParallelConfig(scheme=scheme, degree=2, recompute=recompute),
-                                                 64, 1, dtype="float32", attention="native")))
-    assert not _within(real["mem"], est["mem"]), _within(real["mem"], est["mem"])
+    par = ParallelConfig(scheme=scheme, degree=2, recompute=recompute)
+    est = json.loads(json.dumps(estimate_summary(TINY, par, 64, 1, dtype="float32", attention="native")))
+    slack = _gloo_slack(real, par)
+    assert not _within(real["mem"], est["mem"], slack=slack), _within(real["mem"], est["mem"], slack=slack)
     assert est["mem"]["params"] == real["mem"]["params"] and est["mem"]["optimizer"] == real["mem"]["optimizer"]
     assert est["flops"] == pytest.approx(real["flops"], rel=0.05) and est["flops"] > 0
     # (b) the collectives of layer 0, one by one: op, phase, group, numel, received, bytes, recompute
@@ -81,7 +93,8 @@ def test_estimate_matches_real_run_4_ranks(real_runs_4, scheme, tp, recompute):
     real = real_runs_4[(scheme, tp, recompute)]
     par = ParallelConfig(scheme=scheme, degree=4, tp=tp, recompute=recompute)
     est = json.loads(json.dumps(estimate_summary(TINY, par, 64, 1, dtype="float32", attention="native")))
-    assert not _within(real["mem"], est["mem"]), _within(real["mem"], est["mem"])
+    slack = _gloo_slack(real, par)
+    assert not _within(real["mem"], est["mem"], slack=slack), _within(real["mem"], est["mem"], slack=slack)
     assert est["flops"] == pytest.approx(real["flops"], rel=0.05) and est["flops"] > 0
     assert est["comm_ops"] == real["comm_ops"] and est["comm"] == real["comm"]
 
