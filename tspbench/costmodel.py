@@ -35,7 +35,7 @@ keeps each block's input (h·b per residual token) and rebuilds one block in bac
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tspbench.config import ModelConfig, ParallelConfig
 
@@ -59,7 +59,6 @@ class Layout:
 
 
 def layout(par: ParallelConfig) -> Layout:
-    from dataclasses import replace
     return replace(_layout(par), vocab_div=par.vocab_degree)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 
+from tspbench.costmodel import BYTES
 from tspbench.experiment import RunSpec, base_record
 
 GIB = float(2**30)
@@ -44,10 +45,8 @@ def modelled_record(spec: RunSpec, run_id: str | None = None) -> dict:
     mem = memory_breakdown(model, par, spec.seq_len, spec.batch, mode=spec.mode, dtype=spec.dtype)
     comm = comm_per_layer(model, par, spec.seq_len, spec.batch, mode=spec.mode,
                           regather_kv=spec.scheme == "tsp")
-    elem = {"float64": 8, "float32": 4, "bfloat16": 2}[spec.dtype]
-    m: dict = {f"mem_{k}_gib": v / GIB for k, v in mem.items() if k != "total"}
-    m["mem_total_gib"] = mem["total"] / GIB
-    m["device_capacity_gib"] = hw.mem_bytes / GIB
+    elem = BYTES[spec.dtype]
+    m = _memory_metrics(mem, hw)
     m["comm_bytes_per_layer_fwd"] = comm["fwd_total"] * elem
     m["comm_bytes_per_layer_bwd"] = comm["bwd_total"] * elem
     m["flops_per_token_causal"] = flops_per_token(model, spec.seq_len, True, mode=spec.mode)
@@ -62,13 +61,25 @@ def modelled_record(spec: RunSpec, run_id: str | None = None) -> dict:
         if overlap == "none":
             m["compute_ms"] = t["compute_s"] * 1e3
             m["exposed_comm_ms"] = t["comm_s"] * 1e3
-    # The modelled throughput is what the summary and report show as tok/s (labelled "modelled").
+    return _modelled(spec, m, mem["total"], hw, hw_name, run_id)
+
+
+def _memory_metrics(mem: dict, hw) -> dict:
+    m = {f"mem_{k}_gib": v / GIB for k, v in mem.items() if k != "total"}
+    m["mem_total_gib"] = mem["total"] / GIB
+    m["device_capacity_gib"] = hw.mem_bytes / GIB
+    return m
+
+
+def _modelled(spec: RunSpec, m: dict, mem_total: float, hw, hw_name: str, run_id: str | None) -> dict:
+    """The record of a modelled run: the predicted throughput is what the summary and report show as tok/s
+    (labelled "modelled"); a predicted peak above the device's memory is `oom`."""
     m["tokens_per_s"] = m["predicted_tokens_per_s"]
     m["tokens_per_s_per_device"] = m["predicted_tokens_per_s_per_device"]
     m["step_time_ms_p50"] = m["predicted_step_time_ms"]
-    fits = mem["total"] <= hw.mem_bytes
+    fits = mem_total <= hw.mem_bytes
     rec = base_record(spec, "ok" if fits else "oom",
-                      None if fits else f"predicted {mem['total'] / 1e9:.1f} GB > {hw.mem_bytes / 1e9:.0f} GB "
+                      None if fits else f"predicted {mem_total / 1e9:.1f} GB > {hw.mem_bytes / 1e9:.0f} GB "
                                         f"of {hw_name}")
     rec["method"], rec["hardware"], rec["metrics"] = "modelled", hw_name, m
     rec["run_id"] = run_id or spec.run_id
@@ -85,12 +96,9 @@ def _modelled_decode(spec: RunSpec, hw, hw_name: str, run_id: str | None) -> dic
 
     model, par = spec.model_config(), spec.parallel()
     mem = memory_breakdown(model, par, spec.seq_len, spec.batch, mode="forward", dtype=spec.dtype, kv_cache=True)
-    elem = {"float64": 8, "float32": 4, "bfloat16": 2}[spec.dtype]
-    m: dict = {f"mem_{k}_gib": v / GIB for k, v in mem.items() if k != "total"}
-    m["mem_total_gib"] = mem["total"] / GIB
-    m["device_capacity_gib"] = hw.mem_bytes / GIB
+    m = _memory_metrics(mem, hw)
     m["kv_cache_gib"] = kv_cache_bytes(model, par, spec.seq_len, spec.batch, spec.dtype) / GIB
-    m["comm_bytes_per_layer_fwd"] = comm_decode_per_layer(model, par, spec.batch) * elem
+    m["comm_bytes_per_layer_fwd"] = comm_decode_per_layer(model, par, spec.batch) * BYTES[spec.dtype]
     m["comm_bytes_per_layer_bwd"] = 0.0
     m["flops_per_token_causal"] = m["flops_per_token_noncausal"] = flops_per_token(model, spec.seq_len, "decode", False)
     for overlap in ("none", "ideal"):
@@ -102,17 +110,8 @@ def _modelled_decode(spec: RunSpec, hw, hw_name: str, run_id: str | None) -> dic
         if overlap == "none":
             m.update({"memory_read_ms": t["memory_s"] * 1e3, "compute_ms": t["compute_s"] * 1e3,
                       "exposed_comm_ms": t["comm_s"] * 1e3})
-    m["tokens_per_s"] = m["predicted_tokens_per_s"]
-    m["tokens_per_s_per_device"] = m["predicted_tokens_per_s_per_device"]
-    m["step_time_ms_p50"] = m["decode_ms_per_token_p50"] = m["predicted_step_time_ms"]
-    fits = mem["total"] <= hw.mem_bytes
-    rec = base_record(spec, "ok" if fits else "oom",
-                      None if fits else f"predicted {mem['total'] / 1e9:.1f} GB > {hw.mem_bytes / 1e9:.0f} GB "
-                                        f"of {hw_name}")
-    rec["method"], rec["hardware"], rec["metrics"] = "modelled", hw_name, m
-    rec["run_id"] = run_id or spec.run_id
-    rec["provenance"]["hardware_profile"] = {"name": hw_name, "sources": list(getattr(hw, "sources", []))}
-    return _stamp(rec)
+    m["decode_ms_per_token_p50"] = m["predicted_step_time_ms"]
+    return _modelled(spec, m, mem["total"], hw, hw_name, run_id)
 
 
 def _stamp(rec: dict) -> dict:

@@ -133,21 +133,30 @@ class ParallelModel(nn.Module):
         rounded up)."""
         seq = self.seq.size if self.seq is not None else 1
         self.kv_caches = self.module.start_kv_cache(-(-new_tokens // seq))
+        self._set_decoding(False)
+
+    def _set_decoding(self, on: bool) -> None:
+        """Switch every module with a decode path (f/g on one replicated token; schemes/decode.py) and hand
+        them the shared DecodeState."""
+        from tspbench.schemes.decode import DecodeState
+        self.decode_state = getattr(self, "decode_state", None) or DecodeState()
         for m in self.module.modules():
             if hasattr(m, "decoding"):
-                m.decoding = False
+                m.decoding, m.decode_state = on, self.decode_state
+        self.decoding = on
 
     @torch.no_grad()
     def decode(self, tokens: torch.Tensor, position: int) -> torch.Tensor:
         """One decode step after `start_kv_cache` and a prefill. tokens: [dp·B, 1], the new token of every
         replica at global `position` (the same on every rank of a group). Returns this rank's logits
         [B, 1, V] ([B, 1, V/T] where the vocabulary is split)."""
-        for m in self.module.modules():
-            if hasattr(m, "decoding"):
-                m.decoding = True
+        if not getattr(self, "decoding", False):     # once, not on every token
+            self._set_decoding(True)
+        self.decode_state.position = position
         if self.dp is not None:
             tokens = tokens.chunk(self.dp.size, 0)[self.dp.rank]
-        return self.module(tokens, torch.tensor([position], device=tokens.device))
+        # torch.full launches a fill kernel; torch.tensor([...]) would copy from host memory every step
+        return self.module(tokens, torch.full((1,), position, dtype=torch.long, device=tokens.device))
 
     def kv_cache_bytes(self, allocated: bool = False) -> int:
         """This rank's cached K/V bytes (or, `allocated`, the bytes reserved for them)."""

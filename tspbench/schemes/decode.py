@@ -30,11 +30,21 @@ Communication per layer and decode step (B·h elements are tiny next to the cach
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
 from tspbench.model import LayerKV
 from tspbench.schemes.comm import Comm
+
+
+@dataclass
+class DecodeState:
+    """The step being decoded, shared by a model's decode-capable modules (set once per step by
+    ParallelModel.decode): the global position as a host integer, so choosing the cache owner never reads
+    the device-side positions tensor (a device→host sync per layer inside the timed window)."""
+
+    position: int = 0
 
 
 def is_owner(position: int, comm: Comm | None) -> bool:
@@ -76,10 +86,11 @@ def merge_partials(o: torch.Tensor, lse: torch.Tensor, comm: Comm | None, scatte
 
 
 def decode_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: LayerKV, seq: Comm | None,
-                  position: int) -> torch.Tensor:
+                  position: int, scatter_heads: bool = False) -> torch.Tensor:
     """Attention of the new token (heads of q) over the cache sharded by tokens over `seq` (None: whole
-    cache here): append on the owner, attend locally, merge. Returns [B, n_q, 1, d] in q's dtype."""
+    cache here): append on the owner, attend locally, merge. Returns [B, n_q, 1, d] in q's dtype
+    (`scatter_heads`: this rank's 1/p of the heads, as tsp needs)."""
     if is_owner(position, seq):
         kv.append(k, v)
     o, lse = partial_attention(q, kv.k, kv.v)
-    return merge_partials(o, lse, seq).to(q.dtype)
+    return merge_partials(o, lse, seq, scatter_heads).to(q.dtype)

@@ -79,7 +79,7 @@ class SPAttention(nn.Module):
         # x: [B, S/Σ, h] zigzag shard; positions: its global positions, so RoPE matches the reference
         q, k, v = project_qkv(x, self.wq, self.wk, self.wv, positions, self.head_dim, self.theta)
         if self.decoding:                                                 # one replicated token
-            o = decode_attend(q, k, v, self.kv, self.comm, int(positions[0]))
+            o = decode_attend(q, k, v, self.kv, self.comm, self.decode_state.position)
         else:
             if self.kv is not None:                                       # prefill: cache my tokens
                 self.kv.append(k, v)

@@ -82,7 +82,7 @@ class TPAttention(nn.Module):
         """x: [B, 1, h], the same on every rank; positions: [position]."""
         x = x if self.comm is None else copy_to_region(x, self.comm)
         q, k, v = project_qkv(x, self.wq, self.wk, self.wv, positions, self.head_dim, self.theta)
-        o = decode_attend(q, k, v, self.kv, self.seq_comm, int(positions[0]))    # [B, n_h/T, 1, d]
+        o = decode_attend(q, k, v, self.kv, self.seq_comm, self.decode_state.position)    # [B, n_h/T, 1, d]
         y = F.linear(o.transpose(1, 2).flatten(2), self.wo)
         return y if self.comm is None else reduce_from_region(y, self.comm)
 

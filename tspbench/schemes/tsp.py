@@ -39,7 +39,7 @@ from tspbench.config import ModelConfig, ParallelConfig
 from tspbench.model import LayerKV, project_qkv, swiglu
 from tspbench.schemes.base import ApplyArgs, ParallelModel, materialise_replicated, meta_model
 from tspbench.schemes.comm import Comm, broadcast_from_owner, gather_from_sequence, reduce_from_region
-from tspbench.schemes.decode import is_owner, merge_partials, partial_attention
+from tspbench.schemes.decode import decode_attend
 from tspbench.schemes.layout import SeqLayout, attend_shard
 from tspbench.schemes.ring import pack, ring_backward, ring_forward, unpack
 from tspbench.schemes.tp import ATTN_SPLIT, MLP_SPLIT, check_shards, shard_block_weights
@@ -104,10 +104,7 @@ class TSPAttention(nn.Module):
         each rank's cached tokens merge onto the head owners, whose W_O partial sums are all-reduced."""
         q, k, v = project_qkv(x, self.wq, self.wk, self.wv, positions, self.head_dim, self.theta)
         q, k, v = (self.comm.all_gather(t.contiguous(), dim=1) for t in (q, k, v))   # every head, [B, ·, 1, d]
-        if is_owner(int(positions[0]), self.comm):
-            self.kv.append(k, v)
-        o, lse = partial_attention(q, self.kv.k, self.kv.v)
-        o = merge_partials(o, lse, self.comm, scatter_heads=True).to(x.dtype)       # my heads [B, n_h/D, 1, d]
+        o = decode_attend(q, k, v, self.kv, self.comm, self.decode_state.position, scatter_heads=True)  # my heads
         return reduce_from_region(F.linear(o.transpose(1, 2).flatten(2), self.wo), self.comm)
 
 
