@@ -8,7 +8,7 @@
 # Bring back: everything lands in $OUT (env.txt, gpu_tests.txt, gpu_check.jsonl, smoke.txt, results.jsonl).
 #
 # What a single GPU can and cannot show: (1) the GPU-marked tests (NCCL parity needs ≥ 2 GPUs and skips);
-# (2) tspbench.gpu_check: rank 0 of 8-way schemes at llama7b shapes, real CUDA allocations under the fake
+# (2) tspbench.predict.gpu_check: rank 0 of 8-way schemes at llama7b shapes, real CUDA allocations under the fake
 # process group, beside the fake-tensor estimate and the cost model (memory only); (3) single-GPU runs
 # through the runner (CUDA-event timing, allocator peaks, NVML energy, decode). Never multi-GPU throughput.
 set -uo pipefail

@@ -5,7 +5,7 @@ from pathlib import Path
 
 
 def worker_pids(marker: str) -> list[int]:
-    """PIDs of live `tspbench.worker` processes whose command line contains `marker`."""
+    """PIDs of live `tspbench.run.worker` processes whose command line contains `marker`."""
     out = []
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
@@ -13,6 +13,6 @@ def worker_pids(marker: str) -> list[int]:
                 cmd = (d / "cmdline").read_bytes().decode(errors="replace")
             except OSError:
                 continue
-            if marker in cmd and "tspbench.worker" in cmd:
+            if marker in cmd and "tspbench.run.worker" in cmd:
                 out.append(int(d.name))
     return out

@@ -19,7 +19,7 @@ TINY = {"dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 4, "ffn_hidden": 2
 LLAMA7B = {"dim": 4096, "n_layers": 32, "n_heads": 32, "n_kv_heads": 32, "ffn_hidden": 16384,
            "vocab_size": 32000}
 
-# Claims in the shape tspbench.claims.load_claims() returns (conf/claims.yaml; values from
+# Claims in the shape tspbench.paper.claims.load_claims() returns (conf/claims.yaml; values from
 # tsp-method.md §6), plus one claim at 256K that no fixture record answers.
 def _claim(cid, kind, value, unit, scheme, seq_len, n_gpus, tp=None, sp=None):
     return {"id": cid, "kind": kind, "value": value, "unit": unit, "scheme": scheme, "degree": 8,

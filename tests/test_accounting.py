@@ -1,12 +1,12 @@
 """Collective accounting: what each scheme issues per layer equals the formulas of tsp-method.md §5 exactly
 (elements received per rank, bandwidth-optimal volume convention in tspbench.schemes.comm), and the
-analytic cost model (tspbench.costmodel.comm_per_layer) predicts the same numbers as the code counts."""
+analytic cost model (tspbench.predict.costmodel.comm_per_layer) predicts the same numbers as the code counts."""
 from __future__ import annotations
 
 import pytest
 from parity_cases import ALL
 
-from tspbench.costmodel import comm_embed_head, comm_per_layer
+from tspbench.predict.costmodel import comm_embed_head, comm_per_layer
 
 
 def formula_fwd(vc) -> float:

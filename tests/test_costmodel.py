@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tspbench.claims import load_claims
+from tspbench.paper.claims import load_claims
 from tspbench.config import ModelConfig, ParallelConfig
-from tspbench.costmodel import (comm_buffer_bytes, comm_per_layer, crossover_tokens, flops_per_token,
+from tspbench.predict.costmodel import (comm_buffer_bytes, comm_per_layer, crossover_tokens, flops_per_token,
                                 layer_activation_bytes, memory_phases,
                                 layer_weight_params, memory_breakdown, non_embedding_params, params_per_device,
                                 replicated_params)
-from tspbench.costmodel_time import (HardwareProfile, cluster_throughput, collective_time_s, layer_collectives,
+from tspbench.predict.costmodel.time import (HardwareProfile, cluster_throughput, collective_time_s, layer_collectives,
                                      load_hardware, received_elems, step_time)
 
 LLAMA7B = ModelConfig(name="llama7b", vocab_size=32000, dim=4096, n_layers=32, n_heads=32, n_kv_heads=32,
@@ -284,7 +284,7 @@ def test_hardware_is_a_hydra_group():
 
 # ---------------------------------------------------------------------------------------------- paper
 def test_paper_tables():
-    from tspbench.paper import crossover_table, paper_memory_table, plausibility_173m
+    from tspbench.paper.tables import crossover_table, paper_memory_table, plausibility_173m
     mem = paper_memory_table()
     assert len(mem) == 12 and mem.claim.notna().sum() == 6
     assigned = mem.set_index("claim_id").layout
@@ -299,7 +299,7 @@ def test_paper_tables():
     assert p["fraction_of_peak_layer_causal_halved"] == pytest.approx(0.21, abs=0.005)
     x = crossover_table()
     assert (x.tsp_le_tp == (x.tokens >= 32768)).all()
-    from tspbench.paper import throughput_assumptions
+    from tspbench.paper.tables import throughput_assumptions
     text = "\n".join(throughput_assumptions())       # what drives the ratio is printed beside it
     assert "448 GB/s" in text and "forward only" in text and "training instead" in text
 
@@ -310,8 +310,8 @@ def test_paper_tables():
 def test_edge_collectives_move_what_comm_embed_head_counts(scheme, tp, vocab):
     """The time model's once-per-step embedding/head collectives receive exactly the volume of
     costmodel.comm_embed_head (which test_accounting binds to the code's CommLog)."""
-    from tspbench.costmodel import comm_embed_head
-    from tspbench.costmodel_time import edge_collectives, received_elems
+    from tspbench.predict.costmodel import comm_embed_head
+    from tspbench.predict.costmodel.time import edge_collectives, received_elems
     par = ParallelConfig(scheme=scheme, degree=8, tp=tp, vocab=vocab)
     for mode in ("forward", "train"):
         colls = edge_collectives(LLAMA7B, par, S128K, 1, mode=mode)
@@ -326,8 +326,8 @@ def test_edge_collectives_move_what_comm_embed_head_counts(scheme, tp, vocab):
 def test_decode_collectives_move_what_comm_decode_counts(scheme, tp):
     """The time model's decode collectives receive costmodel.comm_decode_per_layer, which test_decode binds
     to the CommLog of real decode steps."""
-    from tspbench.costmodel import comm_decode_per_layer
-    from tspbench.costmodel_time import decode_collectives, received_elems
+    from tspbench.predict.costmodel import comm_decode_per_layer
+    from tspbench.predict.costmodel.time import decode_collectives, received_elems
     par = ParallelConfig(scheme=scheme, degree=8, tp=tp)
     got = sum(c * received_elems(op, p, n) for op, p, n, _, c in decode_collectives(LLAMA7B, par, 4))
     assert got == pytest.approx(comm_decode_per_layer(LLAMA7B, par, 4), rel=1e-12)
@@ -336,8 +336,8 @@ def test_decode_collectives_move_what_comm_decode_counts(scheme, tp):
 def test_decode_step_time_terms():
     """Bandwidth term = (held weights + KV cache) / HBM bandwidth; at B = 1 TSP pays for its 9 collectives
     per layer (q/k/v gathers, the merge, two all-reduces) against TP's 2: a modelled latency cost, stated."""
-    from tspbench.costmodel import kv_cache_bytes
-    from tspbench.costmodel_time import decode_step_time
+    from tspbench.predict.costmodel import kv_cache_bytes
+    from tspbench.predict.costmodel.time import decode_step_time
     hw = load_hardware("mi300x")
     tp, tsp = (ParallelConfig(scheme=s, degree=8) for s in ("tp", "tsp"))
     t_tp, t_tsp = (decode_step_time(LLAMA7B, p, S128K, 1, hw) for p in (tp, tsp))

@@ -1,4 +1,4 @@
-"""The fake-tensor estimate (tspbench.estimate) against real runs and against the closed-form cost model.
+"""The fake-tensor estimate (tspbench.predict.estimate) against real runs and against the closed-form cost model.
 
 (a) estimate vs real: the same driver and tracker on real tensors (gloo ranks) and on fake tensors under the
     fake process group give the same peak memory, breakdown and FLOPs (±5%; in practice byte-exact except
@@ -20,9 +20,9 @@ import torch
 import torch.distributed as dist
 
 from tspbench.config import ModelConfig, ParallelConfig
-from tspbench.costmodel import memory_breakdown, params_per_device
-from tspbench.estimate import CATEGORIES, estimate, estimate_summary, measure
-from tspbench.paper import LLAMA7B, PAPER_MEMORY_SETTING
+from tspbench.predict.costmodel import memory_breakdown, params_per_device
+from tspbench.predict.estimate import CATEGORIES, estimate, estimate_summary, measure
+from tspbench.paper.tables import LLAMA7B, PAPER_MEMORY_SETTING
 
 TINY = ModelConfig()                                   # dim 64, 2 layers, 4 heads, vocab 256
 GQA = ModelConfig(name="gqa", vocab_size=2000, dim=256, n_layers=6, n_heads=8, n_kv_heads=4, ffn_hidden=1024)
@@ -50,7 +50,7 @@ def _gloo_slack(real: dict, par: ParallelConfig) -> float:
     worker thread drops its reference asynchronously): on a 3 MB tiny-model step that one buffer can exceed
     5% of the total, so the real-run comparison allows the largest collective buffer of the step on top (a
     layer's, or the gradient-sync bucket's; float32)."""
-    from tspbench.costmodel import grad_sync_bucket_elems
+    from tspbench.predict.costmodel import grad_sync_bucket_elems
     layer = max((op[5] for op in real["comm_ops"]), default=0)
     return float(max(layer, 4 * grad_sync_bucket_elems(TINY, par)))
 
@@ -197,10 +197,10 @@ def test_estimate_rejects_bad_input():
 
 
 def test_one_rank_of_an_8way_scheme_runs_alone_with_real_tensors():
-    """tspbench.gpu_check's premise, on CPU: rank 0 of D = 8 under the fake process group, with REAL tensors,
+    """tspbench.predict.gpu_check's premise, on CPU: rank 0 of D = 8 under the fake process group, with REAL tensors,
     allocates exactly what the fake-tensor estimate says (on a lent GPU the same run is set beside
     torch.cuda.max_memory_allocated)."""
-    from tspbench.gpu_check import check
+    from tspbench.predict.gpu_check import check
     model = replace(GQA, n_layers=4, n_heads=16, n_kv_heads=8)
     rec = check(model, ParallelConfig(scheme="tsp", degree=8, recompute="full"), 256, "cpu")
     assert rec["tracked_real_gib"] > 0 and rec["cuda_max_allocated_gib"] is None

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from proc_util import worker_pids
 
-from tspbench.experiment import compose_experiment, expand_grid
-from tspbench.launch import run_all
+from tspbench.run.grid import compose_experiment, expand_grid
+from tspbench.run.launch import run_all
 
 FAST = ["+exp=smoke", "model.n_layers=1", "seq_len=32", "warmup_steps=1", "measured_steps=2", "progress=false",
         "memory_breakdown=false", "schemes=[tp,single]"]
@@ -58,7 +58,7 @@ def test_hang_is_killed_after_timeout_and_recorded(tmp_path):
 def test_log_tail_drops_torchruns_own_report(tmp_path):
     """The ranks' lines survive whatever torchrun prints while it shuts a group down: its agent's log lines,
     a logging error raised inside its signal handler, and tracebacks through the elastic agent."""
-    from tspbench.launch import log_tail
+    from tspbench.run.launch import log_tail
     agent = "W1202 15:10:34.302000 10228 site-packages/torch/distributed/elastic/agent/server/api.py:753] "
     noise_a = [agent + "Received 15 death signal, shutting down workers"] + ["  noise"] * 60
     noise_b = ["--- Logging error ---", "Traceback (most recent call last):",

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from parity_cases import GQA, MHA
-from tspbench.verify import VerifyConfig, run_cases
+from tspbench.verify.parity import VerifyConfig, run_cases
 
 pytestmark = pytest.mark.gpu
 

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from proc_util import worker_pids
 
-from tspbench.experiment import compose_experiment, expand_grid
-from tspbench.launch import run_all
-from tspbench.results import load, read_records
+from tspbench.run.grid import compose_experiment, expand_grid
+from tspbench.run.launch import run_all
+from tspbench.record.store import load, read_records
 
 ROOT = Path(__file__).resolve().parent.parent
 FAST = ["model.n_layers=1", "seq_len=32", "warmup_steps=1", "measured_steps=2", "progress=false",
@@ -144,7 +144,7 @@ def test_auto_decode_without_devices_is_modelled(tmp_path):
 
 def test_decode_cannot_be_estimated():
     from tspbench.config import ConfigError
-    from tspbench.experiment import validate_experiment
+    from tspbench.run.grid import validate_experiment
     with pytest.raises(ConfigError, match="mode=decode cannot be estimated"):
         validate_experiment(compose_experiment(["+exp=smoke", "mode=decode", "execution=estimate"]))
 

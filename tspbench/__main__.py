@@ -2,7 +2,7 @@
 
 Hydra lives only here, in the parent (style.md rule 20): it composes the typed ExperimentConfig
 (tspbench/experiment.py), owns the run/sweep directories (conf/config.yaml) and, under `-m`, the sweep;
-each run's ranks are spawned by tspbench.launch from a frozen spec file.
+each run's ranks are spawned by tspbench.run.launch from a frozen spec file.
 """
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from tspbench.experiment import ExperimentConfig, expand_grid, register
-from tspbench.hydra_conf import CONF_DIR
+from tspbench.run.grid import ExperimentConfig, expand_grid, register
+from tspbench.cli import CONF_DIR
 
 register()
 
@@ -22,8 +22,8 @@ register()
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base=None)
 def main(cfg: DictConfig) -> None:
     from tspbench.config import ConfigError
-    from tspbench.launch import run_all
-    from tspbench.results import RESULTS_FILE, breakdown_table, summary_table
+    from tspbench.run.launch import run_all
+    from tspbench.record.store import RESULTS_FILE, breakdown_table, summary_table
 
     exp: ExperimentConfig = OmegaConf.to_object(cfg)
     run_dir = Path(exp.resume_dir or HydraConfig.get().runtime.output_dir).resolve()
@@ -47,16 +47,16 @@ def main(cfg: DictConfig) -> None:
         print(breakdown)
     print(f"results: {run_dir / RESULTS_FILE}")
     if exp.paper_tables:
-        from tspbench.paper import print_tables
+        from tspbench.paper.tables import print_tables
         print_tables(exp.paper_tables)
-    if exp.report and not _in_multirun():  # a sweep gets one combined report (tspbench.callbacks)
+    if exp.report and not _in_multirun():  # a sweep gets one combined report (tspbench.run.callbacks)
         from tspbench.report import finish
         finish([run_dir / RESULTS_FILE], exp.exp_name)
 
 
 def _say_fallback(specs) -> None:
     """execution=auto without the devices: say once, in one line, what happens instead."""
-    from tspbench.launch import choose_execution
+    from tspbench.run.launch import choose_execution
 
     missing = [s for s in specs if s.execution == "auto" and choose_execution(s)[0] is None]
     if missing:

@@ -75,7 +75,7 @@ def make_op(op: str, numel: int, device: torch.device) -> tuple[Callable[[], Non
     if op == "attention":
         # One SP/TSP attention step: all-gather K and V along the sequence (zigzag shards), then causal
         # attention of the local queries (tspbench.schemes.sp.attend_sequence, forward only).
-        from tspbench.schemes.layout import SeqLayout
+        from tspbench.schemes.ops.layout import SeqLayout
         from tspbench.schemes.sp import attend_sequence
 
         heads, d, seq = 4, 32, max(4 * p, numel)

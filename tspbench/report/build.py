@@ -19,6 +19,7 @@ from pathlib import Path
 import pandas as pd
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
+from tspbench.paths import templates_dir
 from tspbench.report.claims import claims_table, evidence_line, load_claim_list
 from tspbench.report.frame import CPU_NOTE, MEM_PARTS, REPORTS_DIR, WITHIN_PCT, fmt, fmt_seq, load_frame, num, records
 
@@ -104,7 +105,7 @@ def build_report(paths: list[str | Path], out: Path | None = None, title: str | 
                  *, claims: list[dict] | None = None) -> Path:
     """Build the HTML report from JSONL files/directories; returns the HTML path. Writes
     `<stem>.csv` and `<stem>.md` (claimed vs reproduced) beside it. `claims` overrides
-    tspbench.claims (tests use it)."""
+    tspbench.paper.claims (tests use it)."""
     from tspbench.report.figures import make_figures  # matplotlib import is slow; only when building
 
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -120,7 +121,7 @@ def build_report(paths: list[str | Path], out: Path | None = None, title: str | 
     write_exports(crow, csv_path, md_path)
     runs, configs = provenance_rows(df)
 
-    env = Environment(loader=FileSystemLoader(Path(__file__).parent / "templates"),
+    env = Environment(loader=FileSystemLoader(templates_dir()),
                       autoescape=select_autoescape(["html", "j2"]), trim_blocks=True,
                       lstrip_blocks=True)
     env.filters.update(fmt=fmt, fmt_seq=fmt_seq)

@@ -13,10 +13,10 @@ from tspbench.report.frame import (GIB_TO_GB, METHOD_ORDER, NOT_REPRODUCED, WITH
 # ---------------------------------------------------------------- claims --------------------------
 
 def load_claim_list() -> tuple[list[dict], str]:
-    """Claims from tspbench.claims (written separately); an empty list if it is not there yet."""
+    """Claims from tspbench.paper.claims (written separately); an empty list if it is not there yet."""
     try:
-        from tspbench.claims import load_claims  # lazy: the module may not exist yet
-        return list(load_claims()), "tspbench.claims"
+        from tspbench.paper.claims import load_claims  # lazy: the module may not exist yet
+        return list(load_claims()), "tspbench.paper.claims"
     except Exception as e:  # noqa: BLE001 - any failure means "no claims", reported in the page
         return [], f"no claims loaded ({type(e).__name__}: {e})"
 

@@ -19,11 +19,11 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from tspbench.config import ModelConfig, ParallelConfig
 from tspbench.model import Transformer, init_full_param, token_loss_sum
 from tspbench.schemes.comm import Comm, CommLog
-from tspbench.schemes.layout import SeqLayout
+from tspbench.schemes.ops.layout import SeqLayout
 
 if TYPE_CHECKING:
-    from tspbench.schemes.vocab import VocabShard
-    from tspbench.schemes.vocab_ring import VocabRing
+    from tspbench.schemes.ops.vocab import VocabShard
+    from tspbench.schemes.ops.vocab_ring import VocabRing
 
 # Mesh axes per scheme, outermost first. The tensor axis is innermost (fastest-varying ranks), as in
 # Megatron, so a tensor group stays inside one node.
@@ -138,7 +138,7 @@ class ParallelModel(nn.Module):
     def _set_decoding(self, on: bool) -> None:
         """Switch every module with a decode path (f/g on one replicated token; schemes/decode.py) and hand
         them the shared DecodeState."""
-        from tspbench.schemes.decode import DecodeState
+        from tspbench.schemes.ops.decode import DecodeState
         self.decode_state = getattr(self, "decode_state", None) or DecodeState()
         for m in self.module.modules():
             if hasattr(m, "decoding"):

@@ -29,9 +29,9 @@ from tspbench.config import ModelConfig, ParallelConfig
 from tspbench.model import LayerKV, project_qkv
 from tspbench.schemes.base import ApplyArgs, ParallelModel, materialise_replicated, meta_model
 from tspbench.schemes.comm import Comm, gather_from_sequence
-from tspbench.schemes.decode import decode_attend
-from tspbench.schemes.layout import SeqLayout, attend_shard
-from tspbench.schemes.ring_attention import ring_attention
+from tspbench.schemes.ops.decode import decode_attend
+from tspbench.schemes.ops.layout import SeqLayout, attend_shard
+from tspbench.schemes.ops.ring_attention import ring_attention
 from tspbench.schemes.tp import ATTN_SPLIT, check_shards
 
 

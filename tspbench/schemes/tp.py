@@ -23,8 +23,8 @@ from tspbench.model import LayerKV, causal_attention, project_qkv, swiglu
 from tspbench.schemes.base import (ApplyArgs, ParallelModel, Shard, materialise_replicated, meta_model,
                                    slice_param)
 from tspbench.schemes.comm import Comm, copy_to_region, reduce_from_region
-from tspbench.schemes.decode import decode_attend
-from tspbench.schemes.vocab import shard_vocab
+from tspbench.schemes.ops.decode import decode_attend
+from tspbench.schemes.ops.vocab import shard_vocab
 
 # (reference parameter, shard dim): column-parallel weights split rows (dim 0), row-parallel columns (dim 1).
 ATTN_SPLIT = {"wq": 0, "wk": 0, "wv": 0, "wo": 1}

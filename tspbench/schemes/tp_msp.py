@@ -24,8 +24,8 @@ import torch
 from tspbench.config import ModelConfig, ParallelConfig
 from tspbench.schemes.base import ApplyArgs, ParallelModel, materialise_replicated, meta_model
 from tspbench.schemes.comm import gather_from_sequence, reduce_scatter_to_sequence
-from tspbench.schemes.vocab import shard_vocab
-from tspbench.schemes.layout import SeqLayout
+from tspbench.schemes.ops.vocab import shard_vocab
+from tspbench.schemes.ops.layout import SeqLayout
 from tspbench.schemes.tp import ATTN_SPLIT, MLP_SPLIT, TPAttention, TPMLP, check_shards, shard_block_weights
 
 

@@ -30,9 +30,9 @@ from torch import nn
 from tspbench.config import ModelConfig, ParallelConfig
 from tspbench.schemes.base import ApplyArgs, ParallelModel, Shard, materialise_replicated, meta_model
 from tspbench.schemes.comm import Comm, copy_to_region, reduce_from_region
-from tspbench.schemes.layout import SeqLayout
+from tspbench.schemes.ops.layout import SeqLayout
 from tspbench.schemes.sp import attend_sequence, replicated_weights
-from tspbench.schemes.vocab import shard_vocab
+from tspbench.schemes.ops.vocab import shard_vocab
 from tspbench.schemes.tp import ATTN_SPLIT, MLP_SPLIT, TPAttention, TPMLP, check_shards, shard_block_weights
 
 

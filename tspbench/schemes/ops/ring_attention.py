@@ -26,7 +26,7 @@ import math
 import torch
 
 from tspbench.schemes.comm import Comm, shift_ring
-from tspbench.schemes.layout import SeqLayout
+from tspbench.schemes.ops.layout import SeqLayout
 
 
 def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, comm: Comm, layout: SeqLayout) -> torch.Tensor:

@@ -124,7 +124,7 @@ class ExperimentConfig:
     progress: bool = True
     """Show the progress bar and the live per-run line."""
     paper_tables: List[str] = field(default_factory=list)
-    """Tables from tspbench.paper printed at the end (memory | throughput | plausibility | crossover): the
+    """Tables from tspbench.paper.tables printed at the end (memory | throughput | plausibility | crossover): the
     cost model's answer to the paper's claims, beside the claims."""
     report: bool = True
     """End with the HTML report (reports/<exp_name>-<time>.html) and the matched claims in the terminal."""
@@ -253,7 +253,7 @@ def validate_experiment(cfg: ExperimentConfig) -> None:
         raise ConfigError(f"timeout_s={cfg.timeout_s} must be > 0")
     if cfg.nodes != 1:
         raise ConfigError(f"nodes={cfg.nodes}: the parent launches on one node only; on a cluster run "
-                          f"`torchrun --nnodes N ... -m tspbench.worker --spec FILE` with a spec it wrote")
+                          f"`torchrun --nnodes N ... -m tspbench.run.worker --spec FILE` with a spec it wrote")
 
 
 def resolve_device(device: str) -> str:
@@ -373,7 +373,7 @@ def base_record(spec: RunSpec, status: str, reason: Optional[str] = None) -> dic
 
 def register():
     """Register the experiment schema (and the model schema) in Hydra's ConfigStore."""
-    from tspbench.hydra_conf import register as register_base
+    from tspbench.cli import register as register_base
 
     cs = register_base()
     cs.store(name="experiment_schema", node=ExperimentConfig)
@@ -386,7 +386,7 @@ def compose_experiment(overrides: list[str]) -> ExperimentConfig:
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from tspbench.hydra_conf import CONF_DIR
+    from tspbench.cli import CONF_DIR
 
     register()
     with initialize_config_dir(str(CONF_DIR), version_base=None):

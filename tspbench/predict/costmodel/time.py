@@ -21,10 +21,12 @@ from pathlib import Path
 import yaml
 
 from tspbench.config import ModelConfig, ParallelConfig
-from tspbench.costmodel import (BYTES, flops_per_token, grad_sync_group, layer_weight_params, layout,
+from tspbench.paths import conf_dir
+from tspbench.predict.costmodel.comm import grad_sync_group
+from tspbench.predict.costmodel.memory import (BYTES, flops_per_token, layer_weight_params, layout,
                                 params_per_device, state_bytes_per_param)
 
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf" / "hardware"
+CONF_DIR = conf_dir() / "hardware"
 
 
 @dataclass
@@ -249,7 +251,7 @@ def decode_step_time(model: ModelConfig, par: ParallelConfig, context_len: int, 
     token) + attention, 2·g FLOPs per cached K or V element, at the roofline efficiency. Communication: the
     decode collectives of every layer (`decode_collectives`; latency-bound at these sizes). Step: the larger
     of memory and compute, plus communication (overlap="none") or the largest of the three ("ideal")."""
-    from tspbench.costmodel import kv_cache_bytes
+    from tspbench.predict.costmodel.memory import kv_cache_bytes
     if overlap not in ("none", "ideal"):
         raise ValueError(f"overlap={overlap!r} is unknown; allowed: none, ideal")
     b = BYTES[dtype]

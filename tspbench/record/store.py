@@ -95,7 +95,9 @@ def provenance() -> dict[str, Any]:
 
     import torch
 
-    root = Path(__file__).resolve().parent.parent
+    from tspbench.paths import package_search_root
+
+    root = package_search_root()
 
     def git(*args: str) -> str | None:
         try:

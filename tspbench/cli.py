@@ -1,14 +1,13 @@
 """Where the Hydra configuration lives, and the structured schemas registered in Hydra's ConfigStore."""
 from __future__ import annotations
 
-from pathlib import Path
-
 from hydra.core.config_store import ConfigStore
 
 from tspbench.config import ModelConfig
+from tspbench.paths import conf_dir
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
-"""The repository's conf/ (model/, scheme/, hardware/, exp/ groups)."""
+CONF_DIR = conf_dir()
+"""The configuration root (model/, scheme/, hardware/, exp/ groups; tspbench.paths)."""
 
 
 def register() -> ConfigStore:

@@ -4,11 +4,11 @@ A rank of a D-way scheme can be run alone: under torch's fake process group the 
 but every tensor the rank allocates is real. So one GPU runs rank 0 of llama7b TSP / TP at D = 8 at the
 paper's shapes (numbers are garbage, allocations are not), and its CUDA caching-allocator peak
 (`torch.cuda.max_memory_allocated`) is set beside the fake-tensor estimate of the same step
-(tspbench.estimate, every layer traced) and the closed-form model (tspbench.costmodel). This is the GPU check
+(tspbench.predict.estimate, every layer traced) and the closed-form model (tspbench.predict.costmodel). This is the GPU check
 of the estimate that a CPU cannot make; it measures memory only, never time or multi-GPU throughput.
 
 Setting: the paper one (bf16, AdamW with fp32 master/m/v, full recompute, B = 1), one optimizer step before
-the measured step (steady state), as `tspbench.estimate.trace_step` does. On CPU (`--device cpu`, a small
+the measured step (steady state), as `tspbench.predict.estimate.trace_step` does. On CPU (`--device cpu`, a small
 model) only the tracker's total of real tensors is compared: the allocator peak needs CUDA.
 Output: one JSON line per case on stdout.
 """
@@ -27,8 +27,8 @@ CASES = [("tsp", 0, 16384), ("tp", 0, 16384), ("tsp", 0, 65536), ("tp_sp", 2, 16
 
 
 def check(model: ModelConfig, par: ParallelConfig, seq_len: int, device: str, dtype: str = "bfloat16") -> dict:
-    from tspbench.costmodel import memory_breakdown
-    from tspbench.estimate import estimate, fake_process_group, trace_step
+    from tspbench.predict.costmodel import memory_breakdown
+    from tspbench.predict.estimate import estimate, fake_process_group, trace_step
 
     validate_parallel(model, par, seq_len)
     t0 = time.perf_counter()
@@ -58,12 +58,12 @@ def check(model: ModelConfig, par: ParallelConfig, seq_len: int, device: str, dt
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="tspbench.gpu_check", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m tspbench.gpu_check", description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--recompute", default="full", choices=("none", "full"))
     args = ap.parse_args(argv)
     if args.device.startswith("cuda"):
-        from tspbench.paper import LLAMA7B as model
+        from tspbench.paper.tables import LLAMA7B as model
         cases = CASES
     else:   # the machinery on CPU: a small model, short sequences
         model = ModelConfig(name="small_gqa", vocab_size=2048, dim=256, n_layers=4, n_heads=8, n_kv_heads=8,

@@ -189,12 +189,12 @@ def run_case(vc: VerifyConfig, breakage: str | None = None) -> CaseResult | None
 def _breakage(name: str | None):
     if name is None:
         return contextlib.nullcontext()
-    from tspbench.testing import BREAKAGES
+    from tspbench.verify.broken import BREAKAGES
     return BREAKAGES[name]()
 
 
 def _worker(rank: int, world: int, cases: list[tuple[VerifyConfig, str | None]], out_file: str) -> None:
-    from tspbench.verify_decode import run_decode_case
+    from tspbench.verify.serve import run_decode_case
 
     results = []
     for vc, breakage in cases:
@@ -243,9 +243,9 @@ def compose(overrides: list[str]) -> VerifyConfig:
     from hydra import compose as hcompose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from tspbench.hydra_conf import CONF_DIR
+    from tspbench.cli import CONF_DIR
 
-    from tspbench.hydra_conf import register
+    from tspbench.cli import register
     register().store(name="verify_schema", node=VerifyConfig)
     # Its own root (conf/verify, with conf/model linked in): there `scheme=` is a value, not the runner's
     # conf/scheme group.

@@ -1,7 +1,7 @@
 """Published TSP numbers (conf/claims.yaml; tsp-method.md §6.3–§6.4) as plain dicts.
 
 Every claim carries an id, value, unit, scheme, layout (degree, tp, sp; null when unknown), seq_len,
-n_gpus, hardware, source, label and note. `tspbench.paper` puts model predictions beside them.
+n_gpus, hardware, source, label and note. `tspbench.paper.tables` puts model predictions beside them.
 """
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ from pathlib import Path
 
 import yaml
 
-CLAIMS_FILE = Path(__file__).resolve().parents[1] / "conf" / "claims.yaml"
+from tspbench.paths import conf_dir
+
+CLAIMS_FILE = conf_dir() / "claims.yaml"
 REQUIRED_KEYS = ("id", "kind", "value", "unit", "scheme", "degree", "tp", "sp", "seq_len", "n_gpus",
                  "hardware", "source", "label", "note")
 

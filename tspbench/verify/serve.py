@@ -5,7 +5,7 @@ over the first seq_len tokens with a KV cache (the prefill, in the scheme's own 
 `decode_steps` single-token steps at positions seq_len, seq_len+1, … (schemes/decode.py). The reference is
 one full forward of the single-device model over all seq_len + decode_steps tokens: the prefill logits must
 equal its first seq_len positions and each decode step's logits its position, within the dtype tolerance of
-tspbench.verify (a KV cache only changes the order of the same sums). Also recorded: each rank's KV-cache
+tspbench.verify.parity (a KV cache only changes the order of the same sums). Also recorded: each rank's KV-cache
 bytes (the group's sum must equal the reference cache: nothing duplicated, nothing missing) and the
 collectives of layer 0 in one decode step.
 """
@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from tspbench.config import DTYPES
 from tspbench.model import build_model, synthetic_batch
-from tspbench.verify import TOL, CaseResult, VerifyConfig, _breakage, _check
+from tspbench.verify.parity import TOL, CaseResult, VerifyConfig, _breakage, _check
 
 
 def run_decode_case(vc: VerifyConfig, breakage: str | None = None) -> CaseResult | None:

@@ -3,9 +3,9 @@
 Both return records with the schema of a measured run (tspbench/results.py), `method` saying how the numbers
 were obtained, so the summary, pandas and the report treat them alike and never confuse them:
 
-    estimated  the scheme code itself on fake tensors + a fake process group (tspbench.estimate): per-rank
+    estimated  the scheme code itself on fake tensors + a fake process group (tspbench.predict.estimate): per-rank
                peak memory by category, FLOPs, and the collectives of one layer. No timing.
-    modelled   tspbench.costmodel: closed-form memory, per-layer communication, and α–β + roofline time on
+    modelled   tspbench.predict.costmodel: closed-form memory, per-layer communication, and α–β + roofline time on
                the experiment's hardware profile (conf/hardware/), giving predicted step time and tokens/s.
                Never fitted to the paper's numbers.
 """
@@ -13,15 +13,15 @@ from __future__ import annotations
 
 import time
 
-from tspbench.costmodel import BYTES
-from tspbench.experiment import RunSpec, base_record
+from tspbench.predict.costmodel import BYTES
+from tspbench.run.grid import RunSpec, base_record
 
 GIB = float(2**30)
 MODEL_SUFFIX = "-model"  # run_id suffix of the modelled twin of an estimated run (execution=auto fallback)
 
 
 def estimated_record(spec: RunSpec) -> dict:
-    from tspbench.estimate import estimate
+    from tspbench.predict.estimate import estimate
 
     est = estimate(spec.model_config(), spec.parallel(), spec.seq_len, spec.batch, mode=spec.mode,
                    dtype=spec.dtype, hardware=spec.hardware)
@@ -34,8 +34,8 @@ def estimated_record(spec: RunSpec) -> dict:
 
 
 def modelled_record(spec: RunSpec, run_id: str | None = None) -> dict:
-    from tspbench.costmodel import comm_per_layer, flops_per_token, memory_breakdown
-    from tspbench.costmodel_time import cluster_throughput, load_hardware
+    from tspbench.predict.costmodel import comm_per_layer, flops_per_token, memory_breakdown
+    from tspbench.predict.costmodel.time import cluster_throughput, load_hardware
 
     model, par = spec.model_config(), spec.parallel()
     hw_name = spec.hardware or ("cpu" if spec.device == "cpu" else "h100")
@@ -90,8 +90,8 @@ def _modelled(spec: RunSpec, m: dict, mem_total: float, hw, hw_name: str, run_id
 def _modelled_decode(spec: RunSpec, hw, hw_name: str, run_id: str | None) -> dict:
     """Serving: memory = the prefill's peak with its KV cache (forward phases + cache of seq_len tokens);
     time = one decode step (costmodel_time.decode_step_time), dp replicas in parallel."""
-    from tspbench.costmodel import comm_decode_per_layer, kv_cache_bytes, memory_breakdown
-    from tspbench.costmodel_time import decode_step_time
+    from tspbench.predict.costmodel import comm_decode_per_layer, kv_cache_bytes, memory_breakdown
+    from tspbench.predict.costmodel.time import decode_step_time
     from tspbench.measure.flops import flops_per_token
 
     model, par = spec.model_config(), spec.parallel()
@@ -115,7 +115,7 @@ def _modelled_decode(spec: RunSpec, hw, hw_name: str, run_id: str | None) -> dic
 
 
 def _stamp(rec: dict) -> dict:
-    from tspbench.results import provenance
+    from tspbench.record.store import provenance
 
     rec["provenance"].update(provenance())
     rec["provenance"]["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")

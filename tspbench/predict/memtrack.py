@@ -1,4 +1,4 @@
-"""Live-storage memory tracking and FLOP counting for one step, on real or fake tensors (tspbench.estimate).
+"""Live-storage memory tracking and FLOP counting for one step, on real or fake tensors (tspbench.predict.estimate).
 
 Memory (`MemoryTracker`, a TorchDispatchMode that works on real and fake tensors alike). Every op output's
 untyped storage is registered once (views share it) with its byte size and the event clock; a weak
@@ -25,7 +25,7 @@ the output and the fp32 log-sum-exp, nothing S×S. "native" keeps the CPU kernel
 executes; used by the estimate-vs-real tests).
 
 The same tracker runs under FakeTensorMode (the estimate) and on real tensors (the checks against real
-CPU runs and tspbench.gpu_check), so the two are compared one to one.
+CPU runs and tspbench.predict.gpu_check), so the two are compared one to one.
 """
 from __future__ import annotations
 

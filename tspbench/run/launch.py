@@ -6,7 +6,7 @@ Per run (`run_one`):
   2. Method: execution=measure runs the ranks; auto measures when the devices exist (CPU always does)
      and otherwise records `invalid` with "needs N cuda devices"; estimate/model go to `run_estimated`.
   3. Measured: the frozen spec is written to `<run dir>/specs/<run_id>.json` and the rank group is started
-     as `python -m torch.distributed.run --nproc-per-node N --rdzv-backend c10d ... -m tspbench.worker
+     as `python -m torch.distributed.run --nproc-per-node N --rdzv-backend c10d ... -m tspbench.run.worker
      --spec FILE` in its own session. Its stdout/stderr are streamed into `<run dir>/<run_id>.log` and
      rank 0's "step i/N tok/s" lines into the progress bar.
   4. Outcome: the worker's rank 0 appends the `ok` record itself. Otherwise the parent appends one:
@@ -32,10 +32,10 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from tspbench.config import ConfigError, validate_parallel
-from tspbench.experiment import RunSpec, base_record
-from tspbench.results import RESULTS_FILE, append_record, read_records
+from tspbench.paths import package_search_root
+from tspbench.run.grid import RunSpec, base_record
+from tspbench.record.store import RESULTS_FILE, append_record, read_records
 
-PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 STEP_RE = re.compile(r"\[tspbench\] step (\d+)/(\d+) (\S+) tok/s")
 LOG_TAIL_LINES = 40
 
@@ -77,7 +77,7 @@ def run_all(specs: list[RunSpec], run_dir: Path, force: bool = False, progress: 
         bar.close()
         if main:
             signal.signal(signal.SIGTERM, prev)
-    from tspbench.offline import MODEL_SUFFIX
+    from tspbench.record.offline import MODEL_SUFFIX
     return latest_records(results, [i for s in specs for i in (s.run_id, s.run_id + MODEL_SUFFIX)])
 
 
@@ -186,7 +186,7 @@ def choose_execution(spec: RunSpec) -> tuple[Optional[str], Optional[str]]:
 def run_offline(spec: RunSpec, execution: str) -> dict:
     """execution=estimate (fake tensors + fake process group) or model (closed-form cost model): a record
     with method "estimated" / "modelled" (tspbench/offline.py). A crash is recorded, never raised."""
-    from tspbench.offline import MODEL_SUFFIX, estimated_record, modelled_record
+    from tspbench.record.offline import MODEL_SUFFIX, estimated_record, modelled_record
 
     twin = spec.execution == "auto" and execution == "model" and spec.mode != "decode"
     run_id = spec.run_id + (MODEL_SUFFIX if twin else "")
@@ -207,7 +207,7 @@ def free_port() -> int:
 def worker_command(spec_file: Path, world: int, port: int) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(world),
             "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--max-restarts", "0",
-            "--monitor-interval", "0.2", "-m", "tspbench.worker", "--spec", str(spec_file)]
+            "--monitor-interval", "0.2", "-m", "tspbench.run.worker", "--spec", str(spec_file)]
 
 
 def run_measured(spec: RunSpec, run_dir: Path, on_step: Optional[Callable] = None) -> dict:
@@ -219,8 +219,8 @@ def run_measured(spec: RunSpec, run_dir: Path, on_step: Optional[Callable] = Non
     shutil.rmtree(spec.status_dir, ignore_errors=True)
     offset = results.stat().st_size if results.exists() else 0
 
-    env = dict(os.environ, PYTHONUNBUFFERED="1", TSPBENCH_LAUNCHER="torchrun (tspbench.launch)")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PACKAGE_ROOT), env.get("PYTHONPATH")) if p)
+    env = dict(os.environ, PYTHONUNBUFFERED="1", TSPBENCH_LAUNCHER="torchrun (tspbench.run.launch)")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(package_search_root()), env.get("PYTHONPATH")) if p)
     env.setdefault("OMP_NUM_THREADS", "1")
     started = time.monotonic()
     proc = reader = None

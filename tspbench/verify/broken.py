@@ -22,7 +22,7 @@ def missing_allreduce():
 @contextlib.contextmanager
 def wrong_zigzag_order():
     """Gathered K/V left in rank order instead of being put back in logical (un-zigzagged) order."""
-    from tspbench.schemes.layout import SeqLayout
+    from tspbench.schemes.ops.layout import SeqLayout
     with mock.patch.object(SeqLayout, "unshard", lambda self, g, dim=1: g):
         yield
 
@@ -67,7 +67,7 @@ def no_reduce_to_owner():
 def unmasked_vocab_shard():
     """Vocabulary-parallel embedding / cross-entropy: ids outside this rank's slice are wrapped into it
     instead of masked, so every shard adds a wrong row (and a wrong target logit)."""
-    from tspbench.schemes.vocab import VocabShard
+    from tspbench.schemes.ops.vocab import VocabShard
 
     def local_ids(self, tokens):
         local = (tokens - self.start) % self.size
@@ -80,7 +80,7 @@ def unmasked_vocab_shard():
 def head_input_grad_not_reduced():
     """Vocabulary-parallel LM head without Megatron's f: each rank back-propagates only its V/T classes'
     share of the head-input gradient."""
-    from tspbench.schemes import vocab
+    from tspbench.schemes.ops import vocab
     with mock.patch.object(vocab, "copy_to_region", lambda x, comm: x):
         yield
 
@@ -89,7 +89,7 @@ def head_input_grad_not_reduced():
 def decode_cached_everywhere():
     """Serving: every rank of the sequence group caches the new token (not just its owner), so the merged
     decode attention counts it once per rank."""
-    from tspbench.schemes import decode
+    from tspbench.schemes.ops import decode
     with mock.patch.object(decode, "is_owner", lambda position, comm: True):
         yield
 
@@ -98,7 +98,7 @@ def decode_cached_everywhere():
 def ring_head_local_softmax():
     """TSP vocab=ring: the cross-entropy normalises each shard's logits on its own (a log-sum-exp that is
     reset at every ring step) instead of folding the shards into one online softmax."""
-    from tspbench.schemes import vocab_ring
+    from tspbench.schemes.ops import vocab_ring
     real = vocab_ring.ring_forward
 
     def ring_forward(comm, own, step):

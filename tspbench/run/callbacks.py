@@ -18,7 +18,7 @@ from omegaconf import DictConfig
 def combine(sweep_dir: Path, extra: list[Path] = ()) -> Path:
     """Concatenate every job's results.jsonl under `sweep_dir` (plus `extra` files) into
     `<sweep_dir>/results.jsonl` (atomic replace). Returns its path."""
-    from tspbench.results import RESULTS_FILE
+    from tspbench.record.store import RESULTS_FILE
 
     out = sweep_dir / RESULTS_FILE
     jobs = sorted((p for p in sweep_dir.rglob(RESULTS_FILE) if p != out),
@@ -36,7 +36,7 @@ def combine(sweep_dir: Path, extra: list[Path] = ()) -> Path:
 
 class CombineResults(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        from tspbench.results import read_records, summary_table
+        from tspbench.record.store import read_records, summary_table
 
         sweep_dir = Path(config.hydra.sweep.dir).resolve()
         if not sweep_dir.exists():

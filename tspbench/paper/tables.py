@@ -1,6 +1,6 @@
 """The paper's scale without GPUs: cost-model predictions beside the published numbers.
 
-Uses only `tspbench.costmodel` (closed-form formulas, no torch.distributed) and `conf/claims.yaml`.
+Uses only `tspbench.predict.costmodel` (closed-form formulas, no torch.distributed) and `conf/claims.yaml`.
 
 Reference model `LLAMA7B` (tsp-method.md §6.1): h = 4096, L = 32, 32 query and 32 KV heads (MHA), gated MLP
 with ffn = 4h = 16384, 8.59B non-embedding parameters. The paper's vocabulary is not stated; we use
@@ -12,7 +12,7 @@ options (k = 16 or 18 bytes/param, recompute none or full, GB or GiB) and never 
     AdamW, bf16 weights and grads, fp32 master + m + v (k = 16), full activation recompute, micro-batch 1,
     published figures read as decimal GB.
 The memory model (`costmodel.memory_breakdown`) is the peak of one training step of tspbench's own code,
-phase by phase, and agrees with the fake-tensor estimate of that code (tspbench.estimate) to < 1% for every
+phase by phase, and agrees with the fake-tensor estimate of that code (tspbench.predict.estimate) to < 1% for every
 scheme here. Recompute "none" is ruled out by the data (TSP at 128K would need ~60 GB, TP ~390 GB, against
 38.8 and 70.0). Among the four full-recompute variants (k = 16/18 × GB/GiB) the mean |deviation| is 16–20%,
 which does not discriminate between them, so we keep the a-priori choice: k = 16 (tsp-method.md §4; bf16
@@ -28,9 +28,9 @@ from dataclasses import asdict, dataclass, replace
 
 import pandas as pd
 
-from tspbench.claims import load_claims
+from tspbench.paper.claims import load_claims
 from tspbench.config import ModelConfig, ParallelConfig
-from tspbench.costmodel import (cluster_throughput, comm_per_layer, crossover_tokens, flops_per_token,
+from tspbench.predict.costmodel import (cluster_throughput, comm_per_layer, crossover_tokens, flops_per_token,
                                 grad_sync_bucket_elems, load_hardware, memory_breakdown,
                                 non_embedding_params, peak_phase)
 
@@ -285,7 +285,7 @@ if __name__ == "__main__":
 
 
 def print_tables(names: list[str]) -> None:
-    """The `paper_tables` of an experiment, as text (all numbers modelled: tspbench.costmodel on the MI300X
+    """The `paper_tables` of an experiment, as text (all numbers modelled: tspbench.predict.costmodel on the MI300X
     profile; claims from conf/claims.yaml)."""
     import pandas as pd
 

@@ -24,7 +24,7 @@ from torch import nn
 from tspbench.config import ModelConfig
 from tspbench.schemes.base import ApplyArgs, Shard, slice_param
 from tspbench.schemes.comm import Comm
-from tspbench.schemes.ring import ring_backward, ring_forward
+from tspbench.schemes.ops.ring import ring_backward, ring_forward
 
 
 def _ids(tokens: torch.Tensor, start: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -4,7 +4,7 @@
 torch's fake process group (`dist.init_process_group("fake", ...)`: every collective is a no-op that
 returns at once) and runs one training step (or one forward) of ONE rank under `FakeTensorMode`: the same
 `build_mesh` → `apply_scheme` → `local_batch` → `loss` → `backward` → `finish_grad_sync` → AdamW as
-tspbench.verify and the worker, at the real shapes, with no real memory and no devices. Ranks of one
+tspbench.verify.parity and the worker, at the real shapes, with no real memory and no devices. Ranks of one
 scheme are symmetric (same shapes, same collectives), so one rank stands for all of them.
 
 Per rank it returns peak memory with a category breakdown, FLOPs, and the collectives issued for one
@@ -16,7 +16,7 @@ recv_numel convention; bwd includes collectives replayed by recompute), estimate
 peak_phase (where the peak falls), mem_bytes (the breakdown in bytes), phase_peak_bytes (every phase's
 peak) and comm_ops_layer0 (op, phase, group size, numel, received elements, bytes, recompute).
 
-Memory: `tspbench.memtrack.MemoryTracker` (its docstring says what is counted and how live bytes are
+Memory: `tspbench.predict.memtrack.MemoryTracker` (its docstring says what is counted and how live bytes are
 classified), the same tracker on real and fake tensors.
 
 Steady state: the optimizer state is created by an untimed AdamW step on zero gradients before the
@@ -65,7 +65,7 @@ import torch.distributed as dist
 from tspbench.config import DTYPES, MODES, ModelConfig, ParallelConfig, validate_parallel
 
 GIB = float(2**30)
-from tspbench.memtrack import CATEGORIES, MemoryTracker, gpu_attention  # noqa: F401 (re-exported)
+from tspbench.predict.memtrack import CATEGORIES, MemoryTracker, gpu_attention  # noqa: F401 (re-exported)
 
 
 # ------------------------------------------------------------------------------------------- optimizer
@@ -175,7 +175,7 @@ def trace_step(model: ModelConfig, par: ParallelConfig, seq_len: int, batch: int
 
     Real tensors (fake=False: inside a spawned gloo/NCCL rank) or fake ones (fake=True: under the fake
     process group). The same driver in both cases, so their numbers can be compared one to one. The step
-    is what tspbench.worker runs (forward + loss, backward, finish_grad_sync, AdamW, zero_grad with
+    is what tspbench.run.worker runs (forward + loss, backward, finish_grad_sync, AdamW, zero_grad with
     set_to_none), after an untimed optimizer step that creates the optimizer state (steady state); the
     logits are dropped before backward. Phase marks: step (embedding), fwd<i>, head (final norm, LM head,
     loss), backward (loss and head backward), bwd<i>, embed_bwd, grad_sync, optimizer, end.
@@ -373,7 +373,7 @@ def estimate(model: ModelConfig, par: ParallelConfig, seq_len: int, batch: int, 
     master_fp32 = master_fp32 and mode == "train"
     hw = None
     if hardware is not None:
-        from tspbench.costmodel_time import load_hardware
+        from tspbench.predict.costmodel.time import load_hardware
         hw = load_hardware(hardware)
 
     t0, c0 = time.perf_counter(), time.process_time()
@@ -420,7 +420,7 @@ def estimate(model: ModelConfig, par: ParallelConfig, seq_len: int, batch: int, 
             "optimizer_state": ("AdamW on fp32 master copies (fp32 master + m + v = 12 B/param)" if master_fp32
                                 else "AdamW on the parameters as the worker runs it" if mode == "train" else None),
             "layers_traced": list(depths), "extrapolated": extrapolated,
-            "estimator": "tspbench.estimate (FakeTensorMode + fake process group, one rank)"},
+            "estimator": "tspbench.predict.estimate (FakeTensorMode + fake process group, one rank)"},
     }
 
 
@@ -483,6 +483,8 @@ def _parse(argv: list[str]) -> tuple[ModelConfig, ParallelConfig, dict[str, Any]
 
     import yaml
 
+    from tspbench.paths import conf_dir
+
     bad = [a for a in argv if "=" not in a]
     if bad:
         raise SystemExit(f"usage: python -m tspbench.estimate key=value ... (keys: {_parse.__doc__.split(':', 1)[1].strip()}); "
@@ -490,7 +492,7 @@ def _parse(argv: list[str]) -> tuple[ModelConfig, ParallelConfig, dict[str, Any]
     kv = dict(a.split("=", 1) for a in argv)
     mcfg: dict[str, Any] = {}
     if "model" in kv:
-        path = Path(__file__).resolve().parents[1] / "conf" / "model" / f"{kv.pop('model')}.yaml"
+        path = conf_dir() / "model" / f"{kv.pop('model')}.yaml"
         mcfg = {k: v for k, v in yaml.safe_load(path.read_text()).items() if k != "defaults"}
     for k in [k for k in kv if k.startswith("model.")]:
         mcfg[k[6:]] = kv.pop(k)

@@ -1,4 +1,4 @@
-"""The per-rank benchmark loop: `python -m torch.distributed.run ... -m tspbench.worker --spec FILE`.
+"""The per-rank benchmark loop: `python -m torch.distributed.run ... -m tspbench.run.worker --spec FILE`.
 
 Reads a frozen RunSpec (JSON, written by the parent launcher), joins the default process group from the
 torchrun environment (RANK, WORLD_SIZE, LOCAL_RANK; gloo on CPU, NCCL on CUDA), builds the scheme's model
@@ -35,12 +35,12 @@ import torch
 import torch.distributed as dist
 
 from tspbench.config import DTYPES
-from tspbench.experiment import RunSpec, base_record
+from tspbench.run.grid import RunSpec, base_record
 from tspbench.measure import energy as energy_mod
 from tspbench.measure import flops as flops_mod
 from tspbench.measure import memory as memory_mod
 from tspbench.measure import timing
-from tspbench.results import append_record, provenance
+from tspbench.record.store import append_record, provenance
 
 PROGRESS_PREFIX = "[tspbench]"
 
@@ -291,7 +291,7 @@ def write_status(spec: RunSpec, rank: int, status: str, reason: str, tb: str = "
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="tspbench.worker", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="tspbench.run.worker", description=__doc__.splitlines()[0])
     ap.add_argument("--spec", required=True, help="RunSpec JSON written by the launcher")
     ap.add_argument("--results", default=None, help="override the spec's results file (JSONL)")
     args = ap.parse_args(argv)
@@ -302,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     if world != spec.world_size:
-        print(f"tspbench.worker: WORLD_SIZE={world} but the spec needs dp × degree = {spec.world_size}",
+        print(f"tspbench.run.worker: WORLD_SIZE={world} but the spec needs dp × degree = {spec.world_size}",
               file=sys.stderr)
         return 2
     spec.nodes = max(1, world // max(1, local_world))

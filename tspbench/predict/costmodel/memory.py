@@ -292,7 +292,7 @@ def grad_sync_bucket_elems(model: ModelConfig, par: ParallelConfig) -> float:
     GRAD_BUCKET_ELEMS (the in-group sum, then the data-parallel average), freed before the next. Bounded
     by the bucket cap; a lone oversized gradient is reduced in place, so this is an upper estimate when
     buckets do not fill exactly."""
-    from tspbench.costmodel_comm import grad_sync_group
+    from tspbench.predict.costmodel.comm import grad_sync_group
     from tspbench.schemes.base import GRAD_BUCKET_ELEMS
 
     n_group, _ = grad_sync_group(model, par)
@@ -308,7 +308,7 @@ def memory_phases(model: ModelConfig, par: ParallelConfig, seq_len: int, batch: 
     """Bytes per device at each phase's peak of one training step (or forward), by category.
 
     Train. The optimizer state exists throughout (steady state); gradients start as None (zero_grad with
-    set_to_none) and appear layer by layer in backward. Phases (the moments tspbench.estimate reports):
+    set_to_none) and appear layer by layer in backward. Phases (the moments tspbench.predict.estimate reports):
         backward   loss backward: every stored activation (L layers + head) + two fp32 [tokens, V] gradients
         bwd_first  the last layer's backward: L layers' stored activations + the LM-head gradient + one
                    layer's backward working set (with full recompute: that layer's recomputed activations too)
@@ -457,20 +457,3 @@ def flops_per_token(model: ModelConfig, seq_len: int, causal_halved: bool, inclu
     if mode != "train":
         raise ValueError(f"mode={mode!r} is unknown; allowed: train, forward")
     return fwd * (4 if include_recompute else 3)
-
-
-COMM_NAMES = ("comm_per_layer", "comm_embed_head", "comm_decode_per_layer", "grad_sync_group", "grad_sync_elems",
-              "crossover_tokens")
-
-
-def __getattr__(name: str):
-    """Re-export the communication formulas and the time model lazily (both modules import this one, so no
-    top-level import)."""
-    if name in COMM_NAMES:
-        from tspbench import costmodel_comm
-        return getattr(costmodel_comm, name)
-    if name in ("HardwareProfile", "load_hardware", "step_time", "cluster_throughput", "collective_time_s",
-                "layer_collectives"):
-        from tspbench import costmodel_time
-        return getattr(costmodel_time, name)
-    raise AttributeError(f"module 'tspbench.costmodel' has no attribute {name!r}")

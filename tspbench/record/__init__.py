@@ -1,0 +1,2 @@
+"""Result records: one schema for measured, estimated and modelled runs, the JSONL store and the terminal
+tables."""
