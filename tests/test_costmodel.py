@@ -185,11 +185,11 @@ def test_tsp_buffers_and_forward_mode():
 def test_flops_per_token():
     n, s = non_embedding_params(LLAMA7B), S128K
     # one layer at 128K: 0.54 GF linear + 1.07 GF causal attention = 1.61 GF (tsp-method.md §6.5)
-    assert flops_per_token(LLAMA7B, s, True, mode="forward", layers=1) / 1e9 == pytest.approx(1.61, abs=0.005)
+    assert flops_per_token(LLAMA7B, s, mode="forward", causal_halved=True, layers=1) / 1e9 == pytest.approx(1.61, abs=0.005)
     # PaLM / torchtitan: 6N + 12·L·h·S, no causal halving, no embedding or LM head
-    palm = flops_per_token(LLAMA7B, s, False, mode="train", include_lm_head=False)
+    palm = flops_per_token(LLAMA7B, s, mode="train", causal_halved=False, include_lm_head=False)
     assert palm == pytest.approx(6 * n + 12 * 32 * 4096 * s)
-    hfu = flops_per_token(LLAMA7B, s, False, include_recompute=True, mode="train", include_lm_head=False)
+    hfu = flops_per_token(LLAMA7B, s, mode="train", causal_halved=False, recompute=True, include_lm_head=False)
     assert hfu == pytest.approx(palm * 4 / 3)
 
 

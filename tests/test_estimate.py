@@ -32,7 +32,7 @@ REAL_CASES = [("tp", "none"), ("tsp", "none"), ("tsp", "full"), ("sp", "none"), 
 
 def test_slice_param_holds_only_its_shard():
     """A regression the estimate found: a view of a chunk kept the full unsharded weight alive per rank."""
-    from tspbench.schemes.base import slice_param
+    from tspbench.schemes.ops.sharding import slice_param
     p = slice_param("layers.0.attention.wq", (8, 4), 0, 1, 2, 0, torch.float32, "cpu")
     assert p.untyped_storage().nbytes() == p.numel() * p.element_size()
 

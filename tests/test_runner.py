@@ -227,17 +227,18 @@ def test_multirun_sweep_writes_one_combined_jsonl(tmp_path):
 def test_flops_conventions_and_peak_table():
     from tspbench.config import ModelConfig
     from tspbench.measure import flops as fl
+    from tspbench.predict import costmodel as cf
 
     llama = ModelConfig(name="llama7b", vocab_size=32000, dim=4096, n_layers=32, n_heads=32, n_kv_heads=32,
                         ffn_hidden=16384)
-    assert llama.n_layers * fl.layer_weight_params(llama) == 8_589_934_592     # tsp-method.md §4
+    assert llama.n_layers * cf.layer_weight_params(llama) == 8_589_934_592     # tsp-method.md §4
     s = 131072
-    n = llama.n_layers * fl.layer_weight_params(llama) + llama.vocab_size * llama.dim
+    n = llama.n_layers * cf.layer_weight_params(llama) + llama.vocab_size * llama.dim
     palm = 6 * n + 12 * llama.n_layers * llama.n_heads * llama.head_dim * s       # PaLM App. B
-    assert fl.flops_per_token(llama, s, "train", causal_halved=False) == palm
+    assert cf.flops_per_token(llama, s, mode="train", causal_halved=False) == palm
     attn = 12 * llama.n_layers * llama.dim * s
-    assert fl.flops_per_token(llama, s, "train", causal_halved=True) == palm - attn / 2   # Megatron
-    assert fl.hardware_flops_per_token(llama, s, "train", "full") > fl.flops_per_token(llama, s, "train", True)
+    assert cf.flops_per_token(llama, s, mode="train", causal_halved=True) == palm - attn / 2   # Megatron
+    assert cf.hardware_flops_per_token(llama, s, "train", "full") > cf.flops_per_token(llama, s, mode="train")
     assert fl.peak_flops("NVIDIA H100 80GB HBM3", "cuda")[0] == 989e12
     assert fl.peak_flops("NVIDIA H100 PCIe", "cuda")[0] == 756e12
     assert fl.peak_flops("NVIDIA H200", "cuda")[0] == 989e12

@@ -76,7 +76,7 @@ def make_op(op: str, numel: int, device: torch.device) -> tuple[Callable[[], Non
         # One SP/TSP attention step: all-gather K and V along the sequence (zigzag shards), then causal
         # attention of the local queries (tspbench.schemes.sp.attend_sequence, forward only).
         from tspbench.schemes.ops.layout import SeqLayout
-        from tspbench.schemes.sp import attend_sequence
+        from tspbench.schemes.ops.kv_exchange import attend_sequence
 
         heads, d, seq = 4, 32, max(4 * p, numel)
         layout = SeqLayout(seq, p, comm.rank)

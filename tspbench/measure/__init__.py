@@ -1,17 +1,11 @@
 """Measurement: what the worker reads off the devices around its measured window.
 
-The worker knows steps and windows; this package knows devices (architecture.md "Seams"). A CPU run and
-a GPU run differ only in which measurers return `None` with a reason.
+The worker knows steps and windows; this package knows devices. A CPU run and a GPU run differ only in
+which measurers return `None` with a reason.
 
     timing   step times (CUDA events on GPU, perf_counter on CPU), unique tokens per step, throughput
     memory   peak allocated / reserved / device-used (CUDA), per-category breakdown (MemTracker; fallback:
              tensor accounting + saved-tensor hooks)
     energy   NVML energy counter, validated amdsmi counter, background power timeline; None on CPU
-    flops    model FLOPs per token (causal halved and not), hardware FLOPs with recompute, peak-FLOPs
-             table by device name, MFU / HFU
+    flops    peak-FLOPs table by device name, MFU / HFU (the FLOP formulas: tspbench.predict.costmodel.flops)
 """
-from tspbench.measure.flops import flops_per_token, hardware_flops_per_token, mfu_pct, peak_flops
-from tspbench.measure.timing import StepTimer, tokens_per_step
-
-__all__ = ["StepTimer", "tokens_per_step", "flops_per_token", "hardware_flops_per_token", "mfu_pct",
-           "peak_flops"]

@@ -238,10 +238,10 @@ def plausibility_173m(hw: str = "mi300x", tokens_per_s: float | None = None, n_g
     per_gpu = tokens_per_s / n_gpus
     peak = profile.peak_flops_bf16
     f = {"full_linear_only": 2 * non_embedding_params(LLAMA7B),
-         "full_causal_halved": flops_per_token(LLAMA7B, seq_len, True, mode="forward"),
-         "full_not_halved": flops_per_token(LLAMA7B, seq_len, False, mode="forward"),
-         "layer_causal_halved": flops_per_token(LLAMA7B, seq_len, True, mode="forward", layers=1),
-         "layer_not_halved": flops_per_token(LLAMA7B, seq_len, False, mode="forward", layers=1)}
+         "full_causal_halved": flops_per_token(LLAMA7B, seq_len, mode="forward", causal_halved=True),
+         "full_not_halved": flops_per_token(LLAMA7B, seq_len, mode="forward", causal_halved=False),
+         "layer_causal_halved": flops_per_token(LLAMA7B, seq_len, mode="forward", causal_halved=True, layers=1),
+         "layer_not_halved": flops_per_token(LLAMA7B, seq_len, mode="forward", causal_halved=False, layers=1)}
     out = {"tokens_per_s": tokens_per_s, "n_gpus": n_gpus, "tokens_per_s_per_gpu": per_gpu,
            "peak_pflops_bf16": peak / 1e15}
     for k, v in f.items():

@@ -45,7 +45,7 @@ Speed: every op goes through Python (FakeTensorMode + the tracker), ~10⁴ ops p
 `layers="all"` traces the whole model (the tests check both agree byte for byte).
 
 What the estimate patches (values are irrelevant for memory and FLOPs; the scheme code paths are not
-changed): `tspbench.schemes.base.init_full_param` returns `torch.empty` (the seeded CPU generator cannot run
+changed): `tspbench.schemes.ops.sharding.init_full_param` returns `torch.empty` (the seeded CPU generator cannot run
 under FakeTensorMode); with attention="gpu", `torch.nn.functional.scaled_dot_product_attention` (see above). Process group: torch's
 fake backend is initialised for the call and destroyed after it, so `estimate` can be called repeatedly;
 it refuses to run in a process that already has a default process group.
@@ -289,7 +289,7 @@ def extrapolate_layers(short: StepTrace, long: StepTrace, n_layers: int) -> tupl
 @contextlib.contextmanager
 def _fake_patches():
     """Value-free weights: the seeded CPU generator cannot run under FakeTensorMode; restored on exit."""
-    import tspbench.schemes.base as base_mod
+    import tspbench.schemes.ops.sharding as base_mod
 
     def init_full_param(name, shape, seed, dtype, device="cpu"):
         return torch.empty(shape, dtype=dtype, device=device)
@@ -479,7 +479,6 @@ def estimate_summary(model: ModelConfig, par: ParallelConfig, seq_len: int, batc
 def _parse(argv: list[str]) -> tuple[ModelConfig, ParallelConfig, dict[str, Any]]:
     """`key=value` pairs: model=<conf/model name>, model.<field>=, scheme=, degree=, tp=, dp=, sp_variant=,
     recompute=, seq_len=, batch=, mode=, dtype=, rank=, hardware=, attention=."""
-    from pathlib import Path
 
     import yaml
 

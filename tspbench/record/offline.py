@@ -49,8 +49,8 @@ def modelled_record(spec: RunSpec, run_id: str | None = None) -> dict:
     m = _memory_metrics(mem, hw)
     m["comm_bytes_per_layer_fwd"] = comm["fwd_total"] * elem
     m["comm_bytes_per_layer_bwd"] = comm["bwd_total"] * elem
-    m["flops_per_token_causal"] = flops_per_token(model, spec.seq_len, True, mode=spec.mode)
-    m["flops_per_token_noncausal"] = flops_per_token(model, spec.seq_len, False, mode=spec.mode)
+    m["flops_per_token_causal"] = flops_per_token(model, spec.seq_len, mode=spec.mode, causal_halved=True)
+    m["flops_per_token_noncausal"] = flops_per_token(model, spec.seq_len, mode=spec.mode, causal_halved=False)
     for overlap in ("none", "ideal"):
         t = cluster_throughput(model, par, spec.seq_len, spec.batch, hw, spec.world_size, mode=spec.mode,
                                overlap=overlap, dtype=spec.dtype)
@@ -92,7 +92,7 @@ def _modelled_decode(spec: RunSpec, hw, hw_name: str, run_id: str | None) -> dic
     time = one decode step (costmodel_time.decode_step_time), dp replicas in parallel."""
     from tspbench.predict.costmodel import comm_decode_per_layer, kv_cache_bytes, memory_breakdown
     from tspbench.predict.costmodel.time import decode_step_time
-    from tspbench.measure.flops import flops_per_token
+    from tspbench.predict.costmodel.flops import flops_per_token
 
     model, par = spec.model_config(), spec.parallel()
     mem = memory_breakdown(model, par, spec.seq_len, spec.batch, mode="forward", dtype=spec.dtype, kv_cache=True)
@@ -100,7 +100,7 @@ def _modelled_decode(spec: RunSpec, hw, hw_name: str, run_id: str | None) -> dic
     m["kv_cache_gib"] = kv_cache_bytes(model, par, spec.seq_len, spec.batch, spec.dtype) / GIB
     m["comm_bytes_per_layer_fwd"] = comm_decode_per_layer(model, par, spec.batch) * BYTES[spec.dtype]
     m["comm_bytes_per_layer_bwd"] = 0.0
-    m["flops_per_token_causal"] = m["flops_per_token_noncausal"] = flops_per_token(model, spec.seq_len, "decode", False)
+    m["flops_per_token_causal"] = m["flops_per_token_noncausal"] = flops_per_token(model, spec.seq_len, mode="decode", causal_halved=False)
     for overlap in ("none", "ideal"):
         t = decode_step_time(model, par, spec.seq_len, spec.batch, hw, dtype=spec.dtype, overlap=overlap)
         key = "" if overlap == "none" else "_ideal_overlap"

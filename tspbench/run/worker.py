@@ -40,6 +40,7 @@ from tspbench.measure import energy as energy_mod
 from tspbench.measure import flops as flops_mod
 from tspbench.measure import memory as memory_mod
 from tspbench.measure import timing
+from tspbench.predict.costmodel.flops import flops_per_token, hardware_flops_per_token
 from tspbench.record.store import append_record, provenance
 
 PROGRESS_PREFIX = "[tspbench]"
@@ -209,9 +210,9 @@ def build_record(spec: RunSpec, ranks: list[dict], loss: float | None, n_tokens:
 
     # FLOPs and MFU
     peak, peak_src = flops_mod.peak_flops(dev0["device_name"], spec.device)
-    f_causal = flops_mod.flops_per_token(cfg, spec.seq_len, spec.mode, causal_halved=True)
-    f_full = flops_mod.flops_per_token(cfg, spec.seq_len, spec.mode, causal_halved=False)
-    f_hw = flops_mod.hardware_flops_per_token(cfg, spec.seq_len, spec.mode, spec.recompute)
+    f_causal = flops_per_token(cfg, spec.seq_len, mode=spec.mode, causal_halved=True)
+    f_full = flops_per_token(cfg, spec.seq_len, mode=spec.mode, causal_halved=False)
+    f_hw = hardware_flops_per_token(cfg, spec.seq_len, spec.mode, spec.recompute)
     tps = m["tokens_per_s"]
     m.update({"flops_per_token_causal": f_causal, "flops_per_token_noncausal": f_full,
               "hardware_flops_per_token": f_hw, "peak_flops": peak,

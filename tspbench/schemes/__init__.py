@@ -8,7 +8,8 @@ from __future__ import annotations
 import importlib
 
 from tspbench.config import ModelConfig, ParallelConfig
-from tspbench.schemes.base import ApplyArgs, ParallelModel, build_mesh
+from tspbench.schemes.base import ParallelModel
+from tspbench.schemes.ops.sharding import ApplyArgs, build_mesh
 
 __all__ = ["apply_scheme", "build_mesh", "ApplyArgs", "ParallelModel"]
 

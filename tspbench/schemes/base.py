@@ -1,74 +1,30 @@
-"""What every scheme shares: the process-group mesh, the sharded-model wrapper, and weight slicing.
-
-A scheme's `apply(cfg, par, mesh, ...)` builds the reference `Transformer` on the meta device, swaps each
-block's `attention` / `mlp` for its own sharded modules, materialises only this rank's weight slices
-(from the same seeded full tensors as the reference: "build full, then shard"), and returns a
-`ParallelModel`. The wrapper knows the scheme's token layout, which gradients need summing over which
-group, and how to put every local tensor back to full shape for verification.
+"""The sharded model as one rank sees it (`ParallelModel`): its token layout, which gradients need summing
+over which group (bucketed all-reduce after backward), serving (KV cache, decode), and how every local tensor
+goes back to full shape for verification. How the rank's weights are built is schemes/ops/sharding.py.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from tspbench.config import ModelConfig, ParallelConfig
-from tspbench.model import Transformer, init_full_param, token_loss_sum
+from tspbench.config import ParallelConfig
+from tspbench.model import Transformer, token_loss_sum
 from tspbench.schemes.comm import Comm, CommLog
 from tspbench.schemes.ops.layout import SeqLayout
-
-if TYPE_CHECKING:
-    from tspbench.schemes.ops.vocab import VocabShard
-    from tspbench.schemes.ops.vocab_ring import VocabRing
-
-# Mesh axes per scheme, outermost first. The tensor axis is innermost (fastest-varying ranks), as in
-# Megatron, so a tensor group stays inside one node.
-MESH_AXES = {
-    "single": ("dp",),
-    "tp": ("dp", "tp"),
-    "tp_msp": ("dp", "tp"),
-    "sp": ("dp", "sp"),
-    "tp_sp": ("dp", "sp", "tp"),
-    "tsp": ("dp", "tsp"),
-}
+from tspbench.schemes.ops.sharding import Shard
 
 
-def mesh_shape(par: ParallelConfig) -> tuple[int, ...]:
-    sizes = {"dp": par.dp, "tp": par.tp_degree, "sp": par.sp_degree, "tsp": par.degree}
-    return tuple(sizes[a] for a in MESH_AXES[par.scheme])
+class VocabHead(Protocol):
+    """A split embedding / LM head (schemes/ops/vocab.py VocabShard, schemes/ops/vocab_ring.py VocabRing)."""
 
+    def loss_sum(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor: ...
 
-def build_mesh(par: ParallelConfig, device_type: str) -> DeviceMesh:
-    """The rank mesh of one run (world = dp × degree); one process group per axis."""
-    return init_device_mesh(device_type, mesh_shape(par), mesh_dim_names=MESH_AXES[par.scheme])
+    def full(self, logits: torch.Tensor) -> torch.Tensor: ...
 
-
-def axis_comm(mesh: DeviceMesh, axis: str, log: CommLog) -> Comm:
-    return Comm(mesh.get_group(axis), log)
-
-
-@dataclass
-class Shard:
-    """How a local parameter relates to reference parameter `name`: split along `dim` over `comm`
-    (group-rank order), or replicated (`comm is None`). `grad_sum` is the group over which its gradient
-    must be summed after backward because different ranks used it on different tokens."""
-
-    name: str
-    dim: int | None = None
-    comm: Comm | None = None
-    grad_sum: Comm | None = None
-
-
-def slice_param(name: str, full_shape: tuple[int, ...], dim: int, index: int, parts: int, seed: int,
-                dtype: torch.dtype, device) -> nn.Parameter:
-    """This rank's contiguous 1/parts slice of the seeded full parameter."""
-    full = init_full_param(name, full_shape, seed, dtype, device)
-    # clone, not contiguous(): a row chunk is already contiguous, and a view would keep `full` alive.
-    return nn.Parameter(full.chunk(parts, dim)[index].clone())
+    def full_decode(self, logits: torch.Tensor) -> torch.Tensor: ...
 
 
 class ParallelModel(nn.Module):
@@ -86,7 +42,7 @@ class ParallelModel(nn.Module):
 
     def __init__(self, module: Transformer, par: ParallelConfig, shards: dict[str, Shard],
                  layout: SeqLayout | None, seq: Comm | None, dp: Comm | None, log: CommLog,
-                 vocab: VocabShard | VocabRing | None = None):
+                 vocab: VocabHead | None = None):
         super().__init__()
         self.module, self.par, self.shards = module, par, shards
         self.layout, self.seq, self.dp, self.log, self.vocab = layout, seq, dp, log, vocab
@@ -256,39 +212,3 @@ class _no_log:
 
     def __exit__(self, *a):
         self.log.enabled = self.old
-
-
-def materialise_replicated(module: Transformer, shards: dict[str, Shard], seed: int, dtype, device,
-                           grad_sum: Comm | None) -> None:
-    """Give every parameter still on the meta device (embedding, norms, LM head) its full seeded value;
-    they are replicated, with gradients summed over `grad_sum` when ranks see different tokens."""
-    for mod_name, mod in module.named_modules():
-        for pname, p in list(mod.named_parameters(recurse=False)):
-            if not p.is_meta:
-                continue
-            full = f"{mod_name}.{pname}" if mod_name else pname
-            setattr(mod, pname, nn.Parameter(init_full_param(full, tuple(p.shape), seed, dtype, device)))
-            shards[full] = Shard(full, grad_sum=grad_sum)
-
-
-def meta_model(cfg: ModelConfig, recompute: str) -> Transformer:
-    with torch.device("meta"):
-        return Transformer(cfg, recompute)
-
-
-@dataclass
-class ApplyArgs:
-    """What every scheme's apply() needs besides the configs."""
-
-    mesh: DeviceMesh
-    seq_len: int
-    seed: int = 0
-    dtype: torch.dtype = torch.float32
-    device: torch.device | str = "cpu"
-    log: CommLog = field(default_factory=CommLog)
-
-    def comm(self, axis: str) -> Comm | None:
-        if axis not in (self.mesh.mesh_dim_names or ()):
-            return None
-        c = axis_comm(self.mesh, axis, self.log)
-        return c if c.size > 1 else None

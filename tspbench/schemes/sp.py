@@ -21,41 +21,18 @@ gradient is a partial sum, completed by one all-reduce over the group after back
 """
 from __future__ import annotations
 
-import torch
 import torch.nn.functional as F
 from torch import nn
 
 from tspbench.config import ModelConfig, ParallelConfig
 from tspbench.model import LayerKV, project_qkv
-from tspbench.schemes.base import ApplyArgs, ParallelModel, materialise_replicated, meta_model
-from tspbench.schemes.comm import Comm, gather_from_sequence
+from tspbench.schemes.base import ParallelModel
+from tspbench.schemes.comm import Comm
 from tspbench.schemes.ops.decode import decode_attend
-from tspbench.schemes.ops.layout import SeqLayout, attend_shard
-from tspbench.schemes.ops.ring_attention import ring_attention
-from tspbench.schemes.tp import ATTN_SPLIT, check_shards
-
-
-def attend_sequence(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, comm: Comm | None, layout: SeqLayout,
-                    variant: str = "allgather") -> torch.Tensor:
-    """Causal attention of local queries against the whole sequence's K/V, exchanged over `comm`.
-
-    q: [B, n_q, S/Σ, d]; k, v: [B, n_kv, S/Σ, d], local zigzag order → [B, n_q, S/Σ, d]. `comm` None means
-    Σ = 1 (a degenerate tp_sp factorisation): the local tokens are the whole sequence, nothing to exchange.
-    """
-    if comm is None:
-        return attend_shard(q, k, v, layout)
-    if variant == "ring":
-        return ring_attention(q, k, v, comm, layout)
-    # all-gather fwd / reduce-scatter bwd; the gather is in rank order, unshard restores logical order
-    k_full = layout.unshard(gather_from_sequence(k, comm, dim=2), dim=2)  # [B, n_kv, S, d]
-    v_full = layout.unshard(gather_from_sequence(v, comm, dim=2), dim=2)  # [B, n_kv, S, d]
-    return attend_shard(q, k_full, v_full, layout)
-
-
-def replicated_weights(module: nn.Module, names) -> dict[str, nn.Parameter]:
-    """The reference submodule's (meta) parameters, to be moved into a scheme module unchanged;
-    `materialise_replicated` later gives them their full seeded values."""
-    return {n: getattr(module, n) for n in names}
+from tspbench.schemes.ops.kv_exchange import attend_sequence
+from tspbench.schemes.ops.layout import SeqLayout
+from tspbench.schemes.ops.sharding import (ATTN_SPLIT, ApplyArgs, check_shards, materialise_replicated, meta_model,
+                                           replicated_weights)
 
 
 class SPAttention(nn.Module):

@@ -22,11 +22,13 @@ from __future__ import annotations
 import torch
 
 from tspbench.config import ModelConfig, ParallelConfig
-from tspbench.schemes.base import ApplyArgs, ParallelModel, materialise_replicated, meta_model
+from tspbench.schemes.base import ParallelModel
 from tspbench.schemes.comm import gather_from_sequence, reduce_scatter_to_sequence
-from tspbench.schemes.ops.vocab import shard_vocab
 from tspbench.schemes.ops.layout import SeqLayout
-from tspbench.schemes.tp import ATTN_SPLIT, MLP_SPLIT, TPAttention, TPMLP, check_shards, shard_block_weights
+from tspbench.schemes.ops.sharding import (ATTN_SPLIT, MLP_SPLIT, ApplyArgs, check_shards, materialise_replicated,
+                                           meta_model, shard_block_weights)
+from tspbench.schemes.ops.tensor_parallel import TPMLP, TPAttention
+from tspbench.schemes.ops.vocab import shard_vocab
 
 
 class MSPAttention(TPAttention):

@@ -28,12 +28,14 @@ import torch
 from torch import nn
 
 from tspbench.config import ModelConfig, ParallelConfig
-from tspbench.schemes.base import ApplyArgs, ParallelModel, Shard, materialise_replicated, meta_model
+from tspbench.schemes.base import ParallelModel
 from tspbench.schemes.comm import Comm, copy_to_region, reduce_from_region
+from tspbench.schemes.ops.kv_exchange import attend_sequence
 from tspbench.schemes.ops.layout import SeqLayout
-from tspbench.schemes.sp import attend_sequence, replicated_weights
+from tspbench.schemes.ops.sharding import (ATTN_SPLIT, MLP_SPLIT, ApplyArgs, Shard, check_shards,
+                                           materialise_replicated, meta_model, replicated_weights, shard_block_weights)
+from tspbench.schemes.ops.tensor_parallel import TPMLP, TPAttention
 from tspbench.schemes.ops.vocab import shard_vocab
-from tspbench.schemes.tp import ATTN_SPLIT, MLP_SPLIT, TPAttention, TPMLP, check_shards, shard_block_weights
 
 
 def _f(x: torch.Tensor, comm: Comm | None) -> torch.Tensor:

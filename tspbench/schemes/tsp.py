@@ -37,12 +37,13 @@ from torch.utils.checkpoint import checkpoint
 
 from tspbench.config import ModelConfig, ParallelConfig
 from tspbench.model import LayerKV, project_qkv, swiglu
-from tspbench.schemes.base import ApplyArgs, ParallelModel, materialise_replicated, meta_model
+from tspbench.schemes.base import ParallelModel
 from tspbench.schemes.comm import Comm, broadcast_from_owner, gather_from_sequence, reduce_from_region
 from tspbench.schemes.ops.decode import decode_attend
 from tspbench.schemes.ops.layout import SeqLayout, attend_shard
 from tspbench.schemes.ops.ring import pack, ring_backward, ring_forward, unpack
-from tspbench.schemes.tp import ATTN_SPLIT, MLP_SPLIT, check_shards, shard_block_weights
+from tspbench.schemes.ops.sharding import (ATTN_SPLIT, MLP_SPLIT, ApplyArgs, check_shards, materialise_replicated,
+                                           meta_model, shard_block_weights)
 from tspbench.schemes.ops.vocab_ring import ring_vocab
 
 # ---- attention: broadcast loop + K/V all-gather -------------------------------------------------------

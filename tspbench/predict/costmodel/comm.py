@@ -1,7 +1,7 @@
 """Closed-form communication: elements received per device per layer (training, forward, decode), at the
 embedding and LM head, in the per-step gradient sync, and the TSP/TP crossover (tsp-method.md §5).
 
-Split from `tspbench.predict.costmodel` (which re-exports every name here); the tests bind each formula to the
+Imports only the parameter layer (params.py); the tests bind each formula to the
 collectives the scheme code issues (tests/test_accounting.py, tests/test_decode.py).
 """
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 
 from tspbench.config import ModelConfig, ParallelConfig
-from tspbench.predict.costmodel.memory import layer_weight_params, layout, replicated_params
+from tspbench.predict.costmodel.params import layer_weight_params, layout, replicated_params
 
 
 # ---------------------------------------------------------------------------------------------- comm

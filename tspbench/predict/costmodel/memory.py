@@ -1,23 +1,6 @@
-"""Closed-form cost model: per-device memory, per-layer communication volume, FLOPs.
+"""Per-device memory: the peak of one step of tspbench's own code (docs/method.md#memory).
 
-Nothing here is fitted to the paper. Every term is written out with its source; tsp-method.md §4–§5 and
-anchors.md §4 are the references. Communication volumes live in `costmodel_comm.py`, time (α–β + roofline)
-and hardware profiles in `costmodel_time.py`; both are re-exported here (`comm_per_layer`, `step_time`,
-`cluster_throughput`, `HardwareProfile`, `load_hardware`, ...).
-
-Notation (tsp-method.md §2): B micro-batch, S sequence, h hidden, L layers, n_h / n_kv heads, g = n_h/n_kv,
-ffn = F·h the gated-MLP width, V vocabulary; T tensor degree, Σ sequence degree, D TSP degree.
-
-Parameters (Llama block, SwiGLU, RMSNorm, untied LM head, tsp-method.md §4):
-    per layer   W = (2 + 2/g)·h² [Q, K, V, O]  +  3·ffn·h [gate, up, down]      (+ 2h RMSNorm weights)
-    edges       2·V·h [embedding + untied LM head]: split by vocabulary over T in tp, tp_msp and tp_sp
-                (Megatron's vocabulary parallelism, tspbench/schemes/vocab.py), replicated in sp and tsp
-    replicated  (2L + 1)·h [norms]  -- on every rank, in every scheme
-    sharded     W / T for tp, tp_msp, tp_sp;  W / D for tsp;  not at all for sp (weights replicated)
-
-Model state bytes per parameter k (AdamW): dtype weights + grad_dtype grads + fp32 m, v (+ fp32 master when
-the weights are 16-bit and master_fp32): bf16 → 2 + 2 + 8 + 4 = 16; with fp32 grads 18 (Megatron). Without
-master_fp32, m and v are in the parameter dtype, as torch's AdamW keeps them (bf16: 2 + 2 + 4 = 8).
+Nothing here is fitted to the paper. Every term is written out with its source.
 
 Memory (`memory_phases`, `memory_breakdown`): the peak of one step of tspbench's own code, as a maximum over
 the moments where it can fall (loss backward, the first and last layer's backward, embedding backward,
@@ -35,93 +18,14 @@ keeps each block's input (h·b per residual token) and rebuilds one block in bac
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from tspbench.config import ModelConfig, ParallelConfig
+from tspbench.predict.costmodel.comm import grad_sync_group
+from tspbench.predict.costmodel.params import (BYTES, layer_weight_params, layout, params_per_device,
+                                               state_bytes_per_param)
 
-BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
 MEMORY_KEYS = ("params", "grads", "optimizer", "activations", "temporaries", "comm_buffers", "kv_cache")
-
-
-# ---------------------------------------------------------------------------------------------- layout
-@dataclass(frozen=True)
-class Layout:
-    """How one scheme divides a replica's work over its `degree` ranks."""
-
-    tp: int          # T: tensor axis (weight/head sharding); D for tsp
-    sp: int          # Σ: sequence axis (token sharding); D for tsp
-    weight_div: int  # per-layer weights held by a rank = W / weight_div
-    seq_div: int     # token-wise tensors hold B·S / seq_div tokens
-    head_div: int    # head/channel-sharded activations are further ÷ head_div (1 for tsp: a rank does all heads)
-    rep_div: int     # TP-replicated token-wise activations ÷ rep_div (T for Megatron-SP)
-    loss_div: int    # the LM head and loss run on B·S / loss_div tokens per rank
-    vocab_div: int = 1  # … over V / vocab_div classes (T where the vocabulary is split over the tensor axis)
-
-
-def layout(par: ParallelConfig) -> Layout:
-    return replace(_layout(par), vocab_div=par.vocab_degree)
-
-
-def _layout(par: ParallelConfig) -> Layout:
-    d, s = par.degree, par.scheme
-    if s == "single":
-        return Layout(1, 1, 1, 1, 1, 1, 1)
-    if s == "tp":
-        return Layout(d, 1, d, 1, d, 1, 1, d)
-    if s == "tp_msp":   # the head gathers the sequence: all B·S tokens over V/T classes
-        return Layout(d, 1, d, 1, d, d, 1, d)
-    if s == "sp":
-        return Layout(1, d, 1, d, 1, 1, d)
-    if s == "tp_sp":
-        t, sig = par.tp_degree, par.sp_degree
-        return Layout(t, sig, t, sig, t, 1, sig, t)
-    if s == "tsp":
-        return Layout(d, d, d, d, 1, 1, d)
-    raise ValueError(f"scheme={s!r} is unknown")
-
-
-# ---------------------------------------------------------------------------------------------- params
-def layer_weight_params(model: ModelConfig) -> int:
-    """W: matmul parameters of one block, (2 + 2/g)·h² + 3·ffn·h (norm weights excluded)."""
-    h, d = model.dim, model.head_dim
-    attn = h * model.n_heads * d * 2 + h * model.n_kv_heads * d * 2      # Q, O + K, V
-    return attn + 3 * model.ffn_hidden * h                                # + gate, up, down
-
-
-def non_embedding_params(model: ModelConfig) -> int:
-    """L·W: 8,589,934,592 for llama7b (tsp-method.md §4)."""
-    return model.n_layers * layer_weight_params(model)
-
-
-def replicated_params(model: ModelConfig, layers: int | None = None, par: ParallelConfig | None = None) -> float:
-    """Norm weights (held in full by every rank) and, for the full model, embedding + LM head: whole, or this
-    rank's 1/T vocabulary slice when `par` splits the vocabulary (par.vocab_degree)."""
-    if layers is not None:
-        return 2 * model.dim * layers
-    vocab_div = par.vocab_degree if par is not None else 1
-    return (2 * model.n_layers + 1) * model.dim + 2 * model.vocab_size * model.dim / vocab_div
-
-
-def params_per_device(model: ModelConfig, par: ParallelConfig, layers: int | None = None) -> float:
-    n_layers = model.n_layers if layers is None else layers
-    return n_layers * layer_weight_params(model) / layout(par).weight_div + replicated_params(model, layers, par)
-
-
-def state_bytes_per_param(dtype: str = "bfloat16", optimizer: str = "adamw", master_fp32: bool = True,
-                          grad_dtype: str | None = None, mode: str = "train") -> dict[str, int]:
-    """k split into params / grads / optimizer bytes (16 = 2 + 2 + 12 for bf16 AdamW, 18 with fp32 grads)."""
-    if mode == "forward":
-        return {"params": BYTES[dtype], "grads": 0, "optimizer": 0}
-    if optimizer == "adamw":
-        if master_fp32 and BYTES[dtype] < 4:
-            opt = 12                                                 # fp32 master copy + fp32 m, v
-        else:
-            opt = 2 * BYTES[dtype]                                   # torch AdamW: m, v in the parameter dtype
-    elif optimizer == "sgd":
-        opt = 0                                                      # plain SGD keeps no state
-    else:
-        raise ValueError(f"optimizer={optimizer!r} is unknown; allowed: adamw, sgd")
-    return {"params": BYTES[dtype], "grads": BYTES[grad_dtype or dtype], "optimizer": opt}
 
 
 # ---------------------------------------------------------------------------------------------- memory
@@ -292,7 +196,6 @@ def grad_sync_bucket_elems(model: ModelConfig, par: ParallelConfig) -> float:
     GRAD_BUCKET_ELEMS (the in-group sum, then the data-parallel average), freed before the next. Bounded
     by the bucket cap; a lone oversized gradient is reduced in place, so this is an upper estimate when
     buckets do not fill exactly."""
-    from tspbench.predict.costmodel.comm import grad_sync_group
     from tspbench.schemes.base import GRAD_BUCKET_ELEMS
 
     n_group, _ = grad_sync_group(model, par)
@@ -432,28 +335,3 @@ def comm_buffer_bytes(model: ModelConfig, par: ParallelConfig, seq_len: int, bat
     """Communication buffers live at one layer's backward peak (mlp moment; full recompute)."""
     ws = layer_backward_working_set(model, par, seq_len, batch, dtype)
     return ws["mlp_comm"] + _gathered_saved_bytes(model, par, seq_len, batch, BYTES[dtype])
-
-
-# ---------------------------------------------------------------------------------------------- FLOPs
-def flops_per_token(model: ModelConfig, seq_len: int, causal_halved: bool, include_recompute: bool = False,
-                    mode: str = "train", layers: int | None = None,
-                    include_lm_head: bool | None = None) -> float:
-    """Model FLOPs per token (all ranks together).
-
-    Forward per layer: 2·W (matmuls) + 4·S·h attention (QKᵀ and A·V), halved for the causal mask when
-    `causal_halved` (Megatron, MaxText) and not halved otherwise (PaLM, torchtitan, picotron). The LM head
-    adds 2·V·h (on by default for the full model, off when `layers` is given, i.e. a block benchmark).
-    Multiplier: forward 1×, train 3× (6N convention), +1× forward when `include_recompute` (HFU with full
-    recompute).
-    """
-    n_layers = model.n_layers if layers is None else layers
-    if include_lm_head is None:
-        include_lm_head = layers is None
-    attn = 4 * seq_len * model.n_heads * model.head_dim * (0.5 if causal_halved else 1.0)
-    fwd = n_layers * (2 * layer_weight_params(model) + attn)
-    fwd += 2 * model.vocab_size * model.dim if include_lm_head else 0
-    if mode == "forward":
-        return fwd
-    if mode != "train":
-        raise ValueError(f"mode={mode!r} is unknown; allowed: train, forward")
-    return fwd * (4 if include_recompute else 3)

@@ -1,6 +1,6 @@
-"""Time model: hardware profiles, α–β collectives and a roofline step time.
+"""Time model: α–β collectives and a roofline step time on a hardware profile (hardware.py).
 
-Collectives follow Thakur, Rabenseifner & Gropp (IJHPCA 2005), anchors.md §4.3; p ranks, n bytes (the
+Collectives follow Thakur, Rabenseifner & Gropp (IJHPCA 2005; docs/method.md#collective-cost); p ranks, n bytes (the
 full, gathered/reduced tensor), link bandwidth β⁻¹ = bw·comm_efficiency and per-step latency α:
 
     ring all-gather / reduce-scatter   (p−1)·α + (p−1)/p · n/bw
@@ -15,79 +15,13 @@ Overlap "none" adds compute and communication; "ideal" takes their maximum.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
-from pathlib import Path
-
-import yaml
-
 from tspbench.config import ModelConfig, ParallelConfig
-from tspbench.paths import conf_dir
 from tspbench.predict.costmodel.comm import grad_sync_group
-from tspbench.predict.costmodel.memory import (BYTES, flops_per_token, layer_weight_params, layout,
-                                params_per_device, state_bytes_per_param)
-
-CONF_DIR = conf_dir() / "hardware"
-
-
-@dataclass
-class HardwareProfile:
-    """One accelerator and its node (fields are the keys of conf/hardware/<name>.yaml)."""
-
-    name: str = "generic"
-    peak_flops_bf16: float = 1e15
-    """Dense bf16 matrix peak, FLOP/s."""
-    peak_flops_fp32: float = 1e14
-    """fp32 peak, FLOP/s."""
-    mem_bytes: float = 80e9
-    """Device memory capacity, bytes (decimal)."""
-    mem_bw: float = 3e12
-    """Device memory bandwidth, bytes/s."""
-    intra_node_bw: float = 450e9
-    """Per-GPU unidirectional bandwidth into the intra-node fabric, bytes/s (used by collectives)."""
-    intra_node_latency_s: float = 5e-6
-    """Per-step latency α inside a node (assumption; see the yaml)."""
-    inter_node_bw: float = 50e9
-    """Per-GPU unidirectional NIC bandwidth, bytes/s."""
-    inter_node_latency_s: float = 10e-6
-    """Per-step latency α across nodes (assumption; see the yaml)."""
-    gpus_per_node: int = 8
-    matmul_efficiency: float = 0.5
-    """Fraction of peak reached by the GEMMs: an assumption, not fitted to any measurement."""
-    comm_efficiency: float = 0.65
-    """Fraction of link bandwidth reached by collectives (Calculon's A100 profile uses 0.65)."""
-    intra_node_p2p_bw: float | None = None
-    """Bandwidth of one point-to-point transfer between two GPUs of a node; None = intra_node_bw (switched
-    fabrics such as NVSwitch). On a fully connected mesh (MI300X) a single peer link carries it."""
-    sources: list[str] = field(default_factory=list)
-    """Where every number comes from."""
-
-    def peak_flops(self, dtype: str) -> float:
-        return self.peak_flops_fp32 if BYTES[dtype] >= 4 else self.peak_flops_bf16
-
-    def link(self, span: int, p2p: bool = False) -> tuple[float, float]:
-        """(effective bytes/s, α seconds) for a group spanning `span` consecutive ranks."""
-        if span <= self.gpus_per_node:
-            bw = (self.intra_node_p2p_bw or self.intra_node_bw) if p2p else self.intra_node_bw
-            return bw * self.comm_efficiency, self.intra_node_latency_s
-        return self.inter_node_bw * self.comm_efficiency, self.inter_node_latency_s
-
-
-def load_hardware(name: str, conf_dir: str | Path | None = None) -> HardwareProfile:
-    """Read conf/hardware/<name>.yaml (a Hydra `hardware` group file) into a HardwareProfile."""
-    path = Path(conf_dir or CONF_DIR) / f"{name}.yaml"
-    if not path.exists():
-        known = sorted(p.stem for p in Path(conf_dir or CONF_DIR).glob("*.yaml"))
-        raise ValueError(f"hardware={name!r} has no {path}; known profiles: {', '.join(known)}")
-    data = yaml.safe_load(path.read_text())
-    allowed = {f.name for f in fields(HardwareProfile)}
-    unknown = set(data) - allowed
-    if unknown:
-        raise ValueError(f"{path}: unknown keys {sorted(unknown)}; allowed: {sorted(allowed)}")
-    for key in ("peak_flops_bf16", "peak_flops_fp32", "mem_bytes", "mem_bw", "intra_node_bw", "inter_node_bw",
-                "intra_node_latency_s", "inter_node_latency_s", "matmul_efficiency", "comm_efficiency"):
-        data[key] = float(data[key])           # YAML 1.1 reads "1e12" (no sign, no dot) as a string
-    return HardwareProfile(**data)
-
+from tspbench.predict.costmodel.flops import flops_per_token
+from tspbench.predict.costmodel.hardware import HardwareProfile, load_hardware  # noqa: F401 (re-exported)
+from tspbench.predict.costmodel.memory import kv_cache_bytes
+from tspbench.predict.costmodel.params import (BYTES, layer_weight_params, layout, params_per_device,
+                                               state_bytes_per_param)
 
 # ---------------------------------------------------------------------------------------------- α–β
 def collective_time_s(op: str, p: int, n_bytes: float, bw: float, alpha_s: float) -> float:
@@ -200,8 +134,8 @@ def step_time(model: ModelConfig, par: ParallelConfig, seq_len: int, batch: int,
     lay, b = layout(par), BYTES[dtype]
     n_layers = model.n_layers if layers is None else layers
     recompute = mode == "train" and par.recompute == "full"
-    body = flops_per_token(model, seq_len, causal_halved, recompute, mode, layers=n_layers,
-                           include_lm_head=False)
+    body = flops_per_token(model, seq_len, mode=mode, causal_halved=causal_halved, layers=n_layers,
+                           include_lm_head=False, recompute=recompute)
     flops = batch * seq_len * body / par.degree
     if layers is None:                                   # LM head: 2·V·h per token, ×3 (×4) in training
         mult = 1 if mode == "forward" else (4 if recompute else 3)
@@ -251,7 +185,6 @@ def decode_step_time(model: ModelConfig, par: ParallelConfig, context_len: int, 
     token) + attention, 2·g FLOPs per cached K or V element, at the roofline efficiency. Communication: the
     decode collectives of every layer (`decode_collectives`; latency-bound at these sizes). Step: the larger
     of memory and compute, plus communication (overlap="none") or the largest of the three ("ideal")."""
-    from tspbench.predict.costmodel.memory import kv_cache_bytes
     if overlap not in ("none", "ideal"):
         raise ValueError(f"overlap={overlap!r} is unknown; allowed: none, ideal")
     b = BYTES[dtype]

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tspbench.config import ModelConfig
-from tspbench.schemes.base import ApplyArgs, Shard, slice_param
+from tspbench.schemes.ops.sharding import ApplyArgs, Shard, slice_param
 from tspbench.schemes.comm import (Comm, copy_to_region, gather_from_sequence, reduce_from_region,
                                    reduce_scatter_to_sequence)
 

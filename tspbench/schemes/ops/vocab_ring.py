@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tspbench.config import ModelConfig
-from tspbench.schemes.base import ApplyArgs, Shard, slice_param
+from tspbench.schemes.ops.sharding import ApplyArgs, Shard, slice_param
 from tspbench.schemes.comm import Comm
 from tspbench.schemes.ops.ring import ring_backward, ring_forward
 

@@ -1,0 +1,48 @@
+"""FLOPs per token: the one set of formulas the worker (MFU/HFU), the estimate's records, the cost model's
+roofline and the paper tables share (docs/method.md#flops).
+
+Model FLOPs per token, forward (all ranks together; a matmul of m×k by k×n costs 2·m·k·n):
+    2·L·W                       block matmuls, W = (2 + 2/g)·h² + 3·ffn·h weights per layer
+  + 2·V·h                       LM head (embedding lookups are free); on by default for the full model, off
+                                for a block benchmark (`layers` given)
+  + L·4·S·n_h·d · c             attention scores QKᵀ and A·V, c = ½ for the causal mask (Megatron
+                                `transformer_flops`, MaxText) or c = 1 (PaLM App. B, torchtitan, picotron)
+Train = 3 × forward (backward = 2 × forward); this is PaLM's 6N + 12·L·H·Q·T when c = 1. Decode: one new
+token's forward against seq_len cached tokens, whose attention covers all of them (c = 1).
+Hardware FLOPs add what recompute re-executes: with recompute=full every block's forward runs again in
+backward (the LM head is not checkpointed), counted with c = ½ since causal kernels skip masked tiles.
+"""
+from __future__ import annotations
+
+from tspbench.config import ModelConfig
+from tspbench.predict.costmodel.params import layer_weight_params
+
+MODES = ("train", "forward", "decode")
+
+
+def flops_per_token(model: ModelConfig, seq_len: int, *, mode: str = "train", causal_halved: bool = True,
+                    layers: int | None = None, include_lm_head: bool | None = None,
+                    recompute: bool = False) -> float:
+    """Model FLOPs per token (module docstring). `layers`: a k-block benchmark (no LM head unless
+    `include_lm_head`); `recompute`: one more forward in training (×4 instead of ×3, LM head included; the
+    time model's convention for HFU of the blocks)."""
+    if mode not in MODES:
+        raise ValueError(f"mode={mode!r} is unknown; allowed: {', '.join(MODES)}")
+    n_layers = model.n_layers if layers is None else layers
+    if include_lm_head is None:
+        include_lm_head = layers is None
+    halved = causal_halved and mode != "decode"
+    attn = 4 * seq_len * model.n_heads * model.head_dim * (0.5 if halved else 1.0)
+    fwd = n_layers * (2 * layer_weight_params(model) + attn)
+    fwd += 2 * model.vocab_size * model.dim if include_lm_head else 0
+    if mode != "train":
+        return fwd
+    return fwd * (4 if recompute else 3)
+
+
+def hardware_flops_per_token(model: ModelConfig, seq_len: int, mode: str, recompute: str) -> float:
+    """FLOPs actually executed (HFU numerator): model FLOPs (causal halved) + recomputed block forwards."""
+    total = flops_per_token(model, seq_len, mode=mode, causal_halved=True)
+    if mode == "train" and recompute == "full":
+        total += flops_per_token(model, seq_len, mode="forward", causal_halved=True, include_lm_head=False)
+    return total

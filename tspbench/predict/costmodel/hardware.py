@@ -1,0 +1,73 @@
+"""Hardware profiles: one accelerator and its node, read from conf/hardware/<name>.yaml (every number with
+its source in the yaml; efficiencies and latencies are stated assumptions, not fits)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+import yaml
+
+from tspbench.paths import conf_dir
+from tspbench.predict.costmodel.params import BYTES
+
+CONF_DIR = conf_dir() / "hardware"
+
+
+@dataclass
+class HardwareProfile:
+    """One accelerator and its node (fields are the keys of conf/hardware/<name>.yaml)."""
+
+    name: str = "generic"
+    peak_flops_bf16: float = 1e15
+    """Dense bf16 matrix peak, FLOP/s."""
+    peak_flops_fp32: float = 1e14
+    """fp32 peak, FLOP/s."""
+    mem_bytes: float = 80e9
+    """Device memory capacity, bytes (decimal)."""
+    mem_bw: float = 3e12
+    """Device memory bandwidth, bytes/s."""
+    intra_node_bw: float = 450e9
+    """Per-GPU unidirectional bandwidth into the intra-node fabric, bytes/s (used by collectives)."""
+    intra_node_latency_s: float = 5e-6
+    """Per-step latency α inside a node (assumption; see the yaml)."""
+    inter_node_bw: float = 50e9
+    """Per-GPU unidirectional NIC bandwidth, bytes/s."""
+    inter_node_latency_s: float = 10e-6
+    """Per-step latency α across nodes (assumption; see the yaml)."""
+    gpus_per_node: int = 8
+    matmul_efficiency: float = 0.5
+    """Fraction of peak reached by the GEMMs: an assumption, not fitted to any measurement."""
+    comm_efficiency: float = 0.65
+    """Fraction of link bandwidth reached by collectives (Calculon's A100 profile uses 0.65)."""
+    intra_node_p2p_bw: float | None = None
+    """Bandwidth of one point-to-point transfer between two GPUs of a node; None = intra_node_bw (switched
+    fabrics such as NVSwitch). On a fully connected mesh (MI300X) a single peer link carries it."""
+    sources: list[str] = field(default_factory=list)
+    """Where every number comes from."""
+
+    def peak_flops(self, dtype: str) -> float:
+        return self.peak_flops_fp32 if BYTES[dtype] >= 4 else self.peak_flops_bf16
+
+    def link(self, span: int, p2p: bool = False) -> tuple[float, float]:
+        """(effective bytes/s, α seconds) for a group spanning `span` consecutive ranks."""
+        if span <= self.gpus_per_node:
+            bw = (self.intra_node_p2p_bw or self.intra_node_bw) if p2p else self.intra_node_bw
+            return bw * self.comm_efficiency, self.intra_node_latency_s
+        return self.inter_node_bw * self.comm_efficiency, self.inter_node_latency_s
+
+
+def load_hardware(name: str, conf_dir: str | Path | None = None) -> HardwareProfile:
+    """Read conf/hardware/<name>.yaml (a Hydra `hardware` group file) into a HardwareProfile."""
+    path = Path(conf_dir or CONF_DIR) / f"{name}.yaml"
+    if not path.exists():
+        known = sorted(p.stem for p in Path(conf_dir or CONF_DIR).glob("*.yaml"))
+        raise ValueError(f"hardware={name!r} has no {path}; known profiles: {', '.join(known)}")
+    data = yaml.safe_load(path.read_text())
+    allowed = {f.name for f in fields(HardwareProfile)}
+    unknown = set(data) - allowed
+    if unknown:
+        raise ValueError(f"{path}: unknown keys {sorted(unknown)}; allowed: {sorted(allowed)}")
+    for key in ("peak_flops_bf16", "peak_flops_fp32", "mem_bytes", "mem_bw", "intra_node_bw", "inter_node_bw",
+                "intra_node_latency_s", "inter_node_latency_s", "matmul_efficiency", "comm_efficiency"):
+        data[key] = float(data[key])           # YAML 1.1 reads "1e12" (no sign, no dot) as a string
+    return HardwareProfile(**data)

@@ -1,0 +1,104 @@
+"""Parameters and how each scheme divides them: the first layer of the cost model (imports nothing of it).
+
+Notation (docs/method.md#notation): B micro-batch, S sequence, h hidden, L layers, n_h / n_kv heads,
+g = n_h/n_kv, ffn = F·h the gated-MLP width, V vocabulary; T tensor degree, Σ sequence degree, D TSP degree.
+
+Parameters (Llama block, SwiGLU, RMSNorm, untied LM head; docs/method.md#memory):
+    per layer   W = (2 + 2/g)·h² [Q, K, V, O]  +  3·ffn·h [gate, up, down]      (+ 2h RMSNorm weights)
+    edges       2·V·h [embedding + untied LM head]: split by vocabulary over T in tp, tp_msp and tp_sp
+                (Megatron's vocabulary parallelism, tspbench/schemes/ops/vocab.py), replicated in sp and tsp
+    replicated  (2L + 1)·h [norms]  -- on every rank, in every scheme
+    sharded     W / T for tp, tp_msp, tp_sp;  W / D for tsp;  not at all for sp (weights replicated)
+
+Model state bytes per parameter k (AdamW): dtype weights + grad_dtype grads + fp32 m, v (+ fp32 master when
+the weights are 16-bit and master_fp32): bf16 → 2 + 2 + 8 + 4 = 16; with fp32 grads 18 (Megatron). Without
+master_fp32, m and v are in the parameter dtype, as torch's AdamW keeps them (bf16: 2 + 2 + 4 = 8).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from tspbench.config import ModelConfig, ParallelConfig
+
+BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
+
+
+# ---------------------------------------------------------------------------------------------- layout
+@dataclass(frozen=True)
+class Layout:
+    """How one scheme divides a replica's work over its `degree` ranks."""
+
+    tp: int          # T: tensor axis (weight/head sharding); D for tsp
+    sp: int          # Σ: sequence axis (token sharding); D for tsp
+    weight_div: int  # per-layer weights held by a rank = W / weight_div
+    seq_div: int     # token-wise tensors hold B·S / seq_div tokens
+    head_div: int    # head/channel-sharded activations are further ÷ head_div (1 for tsp: a rank does all heads)
+    rep_div: int     # TP-replicated token-wise activations ÷ rep_div (T for Megatron-SP)
+    loss_div: int    # the LM head and loss run on B·S / loss_div tokens per rank
+    vocab_div: int = 1  # … over V / vocab_div classes (T where the vocabulary is split over the tensor axis)
+
+
+def layout(par: ParallelConfig) -> Layout:
+    return replace(_layout(par), vocab_div=par.vocab_degree)
+
+
+def _layout(par: ParallelConfig) -> Layout:
+    d, s = par.degree, par.scheme
+    if s == "single":
+        return Layout(1, 1, 1, 1, 1, 1, 1)
+    if s == "tp":
+        return Layout(d, 1, d, 1, d, 1, 1, d)
+    if s == "tp_msp":   # the head gathers the sequence: all B·S tokens over V/T classes
+        return Layout(d, 1, d, 1, d, d, 1, d)
+    if s == "sp":
+        return Layout(1, d, 1, d, 1, 1, d)
+    if s == "tp_sp":
+        t, sig = par.tp_degree, par.sp_degree
+        return Layout(t, sig, t, sig, t, 1, sig, t)
+    if s == "tsp":
+        return Layout(d, d, d, d, 1, 1, d)
+    raise ValueError(f"scheme={s!r} is unknown")
+
+
+# ---------------------------------------------------------------------------------------------- params
+def layer_weight_params(model: ModelConfig) -> int:
+    """W: matmul parameters of one block, (2 + 2/g)·h² + 3·ffn·h (norm weights excluded)."""
+    h, d = model.dim, model.head_dim
+    attn = h * model.n_heads * d * 2 + h * model.n_kv_heads * d * 2      # Q, O + K, V
+    return attn + 3 * model.ffn_hidden * h                                # + gate, up, down
+
+
+def non_embedding_params(model: ModelConfig) -> int:
+    """L·W: 8,589,934,592 for llama7b (tsp-method.md §4)."""
+    return model.n_layers * layer_weight_params(model)
+
+
+def replicated_params(model: ModelConfig, layers: int | None = None, par: ParallelConfig | None = None) -> float:
+    """Norm weights (held in full by every rank) and, for the full model, embedding + LM head: whole, or this
+    rank's 1/T vocabulary slice when `par` splits the vocabulary (par.vocab_degree)."""
+    if layers is not None:
+        return 2 * model.dim * layers
+    vocab_div = par.vocab_degree if par is not None else 1
+    return (2 * model.n_layers + 1) * model.dim + 2 * model.vocab_size * model.dim / vocab_div
+
+
+def params_per_device(model: ModelConfig, par: ParallelConfig, layers: int | None = None) -> float:
+    n_layers = model.n_layers if layers is None else layers
+    return n_layers * layer_weight_params(model) / layout(par).weight_div + replicated_params(model, layers, par)
+
+
+def state_bytes_per_param(dtype: str = "bfloat16", optimizer: str = "adamw", master_fp32: bool = True,
+                          grad_dtype: str | None = None, mode: str = "train") -> dict[str, int]:
+    """k split into params / grads / optimizer bytes (16 = 2 + 2 + 12 for bf16 AdamW, 18 with fp32 grads)."""
+    if mode == "forward":
+        return {"params": BYTES[dtype], "grads": 0, "optimizer": 0}
+    if optimizer == "adamw":
+        if master_fp32 and BYTES[dtype] < 4:
+            opt = 12                                                 # fp32 master copy + fp32 m, v
+        else:
+            opt = 2 * BYTES[dtype]                                   # torch AdamW: m, v in the parameter dtype
+    elif optimizer == "sgd":
+        opt = 0                                                      # plain SGD keeps no state
+    else:
+        raise ValueError(f"optimizer={optimizer!r} is unknown; allowed: adamw, sgd")
+    return {"params": BYTES[dtype], "grads": BYTES[grad_dtype or dtype], "optimizer": opt}
