@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from tspbench.verify.parity import run_cases
+from tspbench.verify.runner import run_cases
 
 
 @pytest.fixture(scope="session")

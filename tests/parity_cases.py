@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from tspbench.config import ModelConfig
-from tspbench.verify.parity import VerifyConfig
+from tspbench.verify.case import VerifyConfig
 
 MHA = ModelConfig(name="tiny", vocab_size=128, dim=64, n_layers=2, n_heads=8, n_kv_heads=8, ffn_hidden=128)
 GQA = replace(MHA, name="tiny_gqa", n_kv_heads=4)            # g = 2, n_kv divisible by D ≤ 4

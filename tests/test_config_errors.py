@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from tspbench.config import ConfigError, ModelConfig, ParallelConfig, validate_parallel
-from tspbench.verify.parity import main
+from tspbench.verify.cli import main
 
 BAD = [
     (["scheme=tsp", "degree=3"], "model.n_heads=8 must be divisible"),
@@ -31,7 +31,7 @@ BAD = [
 
 @pytest.mark.parametrize("argv,needle", BAD, ids=[" ".join(a) for a, _ in BAD])
 def test_bad_input_one_line(argv, needle, capsys, monkeypatch):
-    import tspbench.verify.parity as v
+    import tspbench.verify.cli as v
     monkeypatch.setattr(v, "run_cases", lambda *a, **k: pytest.fail("ranks spawned for bad input"))
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()

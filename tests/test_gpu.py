@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from parity_cases import GQA, MHA
-from tspbench.verify.parity import VerifyConfig, run_cases
+from tspbench.verify.case import VerifyConfig
+from tspbench.verify.runner import run_cases
 
 pytestmark = pytest.mark.gpu
 

@@ -1,5 +1,5 @@
 """Every scheme equals the single-device model: logits, loss, every gradient and every parameter after one
-AdamW step, in float64 on CPU (gloo ranks spawned by the fixture). Tolerance: tspbench.verify.parity.TOL (1e-10
+AdamW step, in float64 on CPU (gloo ranks spawned by the fixture). Tolerance: tspbench.verify.case.TOL (1e-10
 normwise relative in float64; the module docstring there explains it). Broken variants must FAIL the same
 comparison, so the check cannot pass vacuously.
 """

@@ -23,7 +23,8 @@ register()
 def main(cfg: DictConfig) -> None:
     from tspbench.config import ConfigError
     from tspbench.run.launch import run_all
-    from tspbench.record.store import RESULTS_FILE, breakdown_table, summary_table
+    from tspbench.record.store import RESULTS_FILE
+    from tspbench.record.tables import breakdown_table, summary_table
 
     exp: ExperimentConfig = OmegaConf.to_object(cfg)
     run_dir = Path(exp.resume_dir or HydraConfig.get().runtime.output_dir).resolve()

@@ -123,6 +123,20 @@ class ParallelConfig:
         return t
 
 
+def model_preset(name: str) -> ModelConfig:
+    """A model preset, conf/model/<name>.yaml, as a ModelConfig (the same file Hydra's `model=<name>` reads)."""
+    import yaml
+
+    from tspbench.paths import conf_dir
+
+    path = conf_dir() / "model" / f"{name}.yaml"
+    if not path.exists():
+        known = sorted(p.stem for p in path.parent.glob("*.yaml"))
+        raise ConfigError(f"model={name!r} is unknown; allowed: {', '.join(known)}")
+    data = {k: v for k, v in yaml.safe_load(path.read_text()).items() if k != "defaults"}
+    return ModelConfig(**data)
+
+
 def _need(cond: bool, msg: str) -> None:
     if not cond:
         raise ConfigError(msg)

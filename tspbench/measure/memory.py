@@ -9,7 +9,7 @@ which classifies each live tensor as parameter, gradient, optimizer state, activ
 forward), temporary or other, and keeps the split at the moment of the per-rank peak. It works on CPU with
 these models and with gloo collectives. Where it fails, the fallback counts parameters, gradients and
 optimizer state from the tensors themselves and activations with autograd saved-tensor hooks (as
-tspbench.verify.parity does); temporaries are then unknown (None).
+tspbench.verify does); temporaries are then unknown (None).
 
 Communication buffers are not a MemTracker category: collective outputs are counted as activations or
 temporaries. `mem_comm_buffers_gib` is reported beside them (the largest single collective buffer of a

@@ -29,13 +29,12 @@ from dataclasses import asdict, dataclass, replace
 import pandas as pd
 
 from tspbench.paper.claims import load_claims
-from tspbench.config import ModelConfig, ParallelConfig
+from tspbench.config import ModelConfig, ParallelConfig, model_preset
 from tspbench.predict.costmodel import (cluster_throughput, comm_per_layer, crossover_tokens, flops_per_token,
                                 grad_sync_bucket_elems, load_hardware, memory_breakdown,
                                 non_embedding_params, peak_phase)
 
-LLAMA7B = ModelConfig(name="llama7b", vocab_size=32000, dim=4096, n_layers=32, n_heads=32, n_kv_heads=32,
-                      ffn_hidden=16384)
+LLAMA7B = model_preset("llama7b")
 SEQ_16K, SEQ_128K = 16384, 131072
 N_GPUS = 1024
 DEGREE = 8

@@ -4,7 +4,7 @@
 torch's fake process group (`dist.init_process_group("fake", ...)`: every collective is a no-op that
 returns at once) and runs one training step (or one forward) of ONE rank under `FakeTensorMode`: the same
 `build_mesh` → `apply_scheme` → `local_batch` → `loss` → `backward` → `finish_grad_sync` → AdamW as
-tspbench.verify.parity and the worker, at the real shapes, with no real memory and no devices. Ranks of one
+tspbench.verify and the worker, at the real shapes, with no real memory and no devices. Ranks of one
 scheme are symmetric (same shapes, same collectives), so one rank stands for all of them.
 
 Per rank it returns peak memory with a category breakdown, FLOPs, and the collectives issued for one

@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from tspbench.config import ModelConfig, ParallelConfig, validate_parallel
+from tspbench.config import ModelConfig, ParallelConfig, model_preset, validate_parallel
 
 CASES = [("tsp", 0, 16384), ("tp", 0, 16384), ("tsp", 0, 65536), ("tp_sp", 2, 16384)]
 
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--recompute", default="full", choices=("none", "full"))
     args = ap.parse_args(argv)
     if args.device.startswith("cuda"):
-        from tspbench.paper.tables import LLAMA7B as model
+        model = model_preset("llama7b")
         cases = CASES
     else:   # the machinery on CPU: a small model, short sequences
         model = ModelConfig(name="small_gqa", vocab_size=2048, dim=256, n_layers=4, n_heads=8, n_kv_heads=8,

@@ -14,7 +14,8 @@ from __future__ import annotations
 import time
 
 from tspbench.predict.costmodel import BYTES
-from tspbench.run.grid import RunSpec, base_record
+from tspbench.record.schema import base_record
+from tspbench.record.spec import RunSpec
 
 GIB = float(2**30)
 MODEL_SUFFIX = "-model"  # run_id suffix of the modelled twin of an estimated run (execution=auto fallback)

@@ -36,7 +36,8 @@ def combine(sweep_dir: Path, extra: list[Path] = ()) -> Path:
 
 class CombineResults(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        from tspbench.record.store import read_records, summary_table
+        from tspbench.record.store import read_records
+        from tspbench.record.tables import summary_table
 
         sweep_dir = Path(config.hydra.sweep.dir).resolve()
         if not sweep_dir.exists():

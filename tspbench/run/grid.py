@@ -15,20 +15,17 @@ which is what a Hydra multirun sweeps (`-m seq_len=64,128`). The scheme axis is 
 """
 from __future__ import annotations
 
-import hashlib
 import itertools
-import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional
 
 from tspbench.config import (DTYPES, MODES, RECOMPUTE, SCHEMES, SP_VARIANTS, VOCAB, ConfigError, ModelConfig,
                              ParallelConfig)
+from tspbench.record.spec import RunSpec
 
 DEVICES = ("auto", "cpu", "cuda")
 EXECUTIONS = ("auto", "measure", "estimate", "model")
 FAULT_KINDS = ("none", "crash", "hang", "oom")
-METHOD_OF = {"measure": "measured", "estimate": "estimated", "model": "modelled"}
-CPU_NOTE = "CPU (gloo): checks the machinery, not GPU performance"
 
 
 @dataclass
@@ -130,87 +127,6 @@ class ExperimentConfig:
     """End with the HTML report (reports/<exp_name>-<time>.html) and the matched claims in the terminal."""
     faults: FaultConfig = field(default_factory=FaultConfig)
     """Fault injection (`faults=crash|hang|oom faults.scheme=tp`)."""
-
-
-@dataclass
-class RunSpec:
-    """One grid point, frozen: what the worker reads (as JSON) and what the record repeats."""
-
-    experiment: str
-    scheme: str
-    degree: int
-    tp: int
-    dp: int
-    sp_variant: str
-    recompute: str
-    seq_len: int
-    batch: int
-    mode: str
-    dtype: str
-    device: str
-    execution: str
-    hardware: Optional[str]
-    model: Dict[str, Any]
-    seed: int = 0
-    warmup_steps: int = 2
-    measured_steps: int = 5
-    lr: float = 1e-4
-    memory_breakdown: bool = True
-    power_sample_s: float = 0.1
-    timeout_s: float = 600.0
-    nodes: int = 1
-    fault: Dict[str, Any] = field(default_factory=lambda: {"kind": "none", "rank": 0})
-    run_id: str = ""
-    results_file: str = ""
-    status_dir: str = ""
-    vocab: str = "auto"
-
-    # Fields that define the workload, hence the run_id. Paths, time limits and faults do not.
-    IDENTITY = ("scheme", "degree", "tp", "dp", "sp_variant", "recompute", "seq_len", "batch", "mode",
-                "dtype", "device", "execution", "model", "seed", "warmup_steps", "measured_steps", "lr",
-                "memory_breakdown")
-
-    def __post_init__(self):
-        if not self.run_id:
-            self.run_id = make_run_id(self)
-
-    def parallel(self) -> ParallelConfig:
-        return ParallelConfig(scheme=self.scheme, degree=self.degree, tp=self.tp, dp=self.dp,
-                              sp_variant=self.sp_variant, recompute=self.recompute, vocab=self.vocab)
-
-    def model_config(self) -> ModelConfig:
-        return ModelConfig(**self.model)
-
-    @property
-    def world_size(self) -> int:
-        return self.dp * self.degree
-
-    @property
-    def method(self) -> str:
-        return METHOD_OF.get(self.execution, "measured")
-
-    def label(self) -> str:
-        extra = f" T={self.parallel().tp_degree}" if self.scheme == "tp_sp" else ""
-        extra += f" {self.sp_variant}" if self.scheme in ("sp", "tp_sp") else ""
-        extra += f" vocab={self.vocab}" if self.vocab != "auto" else ""
-        return f"{self.scheme} d{self.degree}{extra} S={self.seq_len} B={self.batch} {self.mode}"
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=1, sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str) -> "RunSpec":
-        d = json.loads(text)
-        return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
-
-
-def make_run_id(spec: RunSpec) -> str:
-    """`<scheme>-d<degree>-s<S>-b<B>-<mode>-<hash>`: readable, and stable for the same workload."""
-    ident = {k: getattr(spec, k) for k in RunSpec.IDENTITY}
-    if spec.vocab != "auto":        # the default keeps the run ids of records written before the option
-        ident["vocab"] = spec.vocab
-    digest = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:10]
-    return f"{spec.scheme}-d{spec.degree}-s{spec.seq_len}-b{spec.batch}-{spec.mode}-{digest}"
 
 
 # --------------------------------------------------------------------------------------------- checks
@@ -326,49 +242,6 @@ def _fault_for(f: FaultConfig, scheme: str, seq_len: int, world: int) -> dict[st
     hit = (f.kind != "none" and (f.scheme is None or f.scheme == scheme)
            and (f.seq_len is None or f.seq_len == seq_len) and 0 <= f.rank < world)
     return {"kind": f.kind if hit else "none", "rank": f.rank}
-
-
-# -------------------------------------------------------------------------------------------- records
-def base_record(spec: RunSpec, status: str, reason: Optional[str] = None) -> dict[str, Any]:
-    """The identity part of a result record (tspbench/results.py, README.md, "Result records"); the worker
-    adds metrics, per-rank lists and provenance."""
-    par = spec.parallel()
-    try:
-        tp_degree, sp_degree = par.tp_degree, par.sp_degree
-    except Exception:  # noqa: BLE001 - an invalid layout still gets a record
-        tp_degree = sp_degree = None
-    return {
-        "run_id": spec.run_id,
-        "experiment": spec.experiment,
-        "method": spec.method,
-        "status": status,
-        "reason": reason,
-        "scheme": spec.scheme,
-        "sp_variant": spec.sp_variant if spec.scheme in ("sp", "tp_sp") else None,
-        "degree": spec.degree,
-        "tp_degree": tp_degree,
-        "sp_degree": sp_degree,
-        "dp": spec.dp,
-        "world_size": spec.world_size,
-        "nodes": spec.nodes,
-        "model": spec.model.get("name"),
-        "model_cfg": dict(spec.model),
-        "seq_len": spec.seq_len,
-        "batch": spec.batch,
-        "mode": spec.mode,
-        "dtype": spec.dtype,
-        "recompute": spec.recompute,
-        "vocab": spec.vocab,
-        "device": spec.device,
-        "device_name": None,
-        "hardware": spec.hardware,
-        "cpu_note": CPU_NOTE if spec.device == "cpu" and spec.method == "measured" else None,
-        "fault": spec.fault["kind"] if spec.fault["kind"] != "none" else None,
-        "metrics": {},
-        "per_rank": {},
-        "provenance": {"seed": spec.seed, "warmup_steps": spec.warmup_steps,
-                       "measured_steps": spec.measured_steps, "config": json.loads(spec.to_json())},
-    }
 
 
 def register():

@@ -33,7 +33,8 @@ from typing import Callable, Optional
 
 from tspbench.config import ConfigError, validate_parallel
 from tspbench.paths import package_search_root
-from tspbench.run.grid import RunSpec, base_record
+from tspbench.record.schema import base_record
+from tspbench.record.spec import RunSpec
 from tspbench.record.store import RESULTS_FILE, append_record, read_records
 
 STEP_RE = re.compile(r"\[tspbench\] step (\d+)/(\d+) (\S+) tok/s")

@@ -1,6 +1,6 @@
-"""`python -m tspbench.verify scheme=tsp degree=4 ...` (tspbench.verify.parity.main)."""
+"""`python -m tspbench.verify scheme=tsp degree=4 ...` (tspbench.verify.cli.main)."""
 import sys
 
-from tspbench.verify.parity import main
+from tspbench.verify.cli import main
 
 sys.exit(main())

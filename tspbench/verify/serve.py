@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from tspbench.config import DTYPES
 from tspbench.model import build_model, synthetic_batch
-from tspbench.verify.parity import TOL, CaseResult, VerifyConfig, _breakage, _check
+from tspbench.verify.case import TOL, CaseResult, VerifyConfig, breakage as _breakage, check_tensor as _check
 
 
 def run_decode_case(vc: VerifyConfig, breakage: str | None = None) -> CaseResult | None:

@@ -1,0 +1,120 @@
+"""One verification case and its result: the configuration, the tolerances and the per-tensor check.
+
+Tolerance. The error measure is normwise: max|got − ref| / max|ref| per tensor. Sharding only reorders
+floating-point sums (split GEMMs, all-reduced partial sums, the online-softmax merge), so the difference
+is bounded by ≈ n·ε relative with n ≲ 10³ terms at test sizes: ≈ 2e-13 in float64. TOL[float64] = 1e-10
+leaves a wide margin and is still ~10⁸ below what a real sharding bug produces (O(1e-2 … 1): a missing
+all-reduce, a skipped ring hop or a wrong zigzag order changes values at the scale of the values).
+float32 (ε ≈ 1.2e-7) gets 2e-4; bfloat16 (ε ≈ 7.8e-3, smoke only) 5e-2.
+
+The AdamW-step comparison runs in float64 only. Adam's first update is ≈ lr·sign(g) wherever |g| ≫ its ε,
+so an element whose gradient sits near ε moves by up to lr on a last-bit difference of g: that is the
+optimiser's conditioning, not the scheme's, and float32/bfloat16 rounding reaches it. float64 rounding
+does not, so the optimiser path is checked there.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+
+import torch
+
+from tspbench.config import DTYPES, ConfigError, ModelConfig, ParallelConfig, validate_parallel
+
+TOL = {"float64": 1e-10, "float32": 2e-4, "bfloat16": 5e-2}
+
+
+@dataclass
+class VerifyConfig:
+    """Flat so the CLI reads like the issue: `scheme=tsp degree=4 dp=2 model.n_kv_heads=2 seq_len=64`."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """Model dimensions (a `model=` preset from conf/model or `model.dim=...` overrides)."""
+    scheme: str = "tsp"
+    """single | tp | tp_msp | sp | tp_sp | tsp."""
+    degree: int = 2
+    """Ranks per replica (T, Σ, T·Σ or D)."""
+    tp: int = 0
+    """tp_sp: tensor degree T (0 = auto)."""
+    dp: int = 1
+    """Data-parallel replicas; world = dp × degree."""
+    sp_variant: str = "allgather"
+    """sp / tp_sp K/V exchange: allgather | ring."""
+    recompute: str = "none"
+    """none | full."""
+    vocab: str = "auto"
+    """Embedding / LM head: auto | replicated | ring (tsp only); see ParallelConfig.vocab."""
+    seq_len: int = 32
+    """Sequence length S (zigzag needs S divisible by 2·Σ)."""
+    batch: int = 2
+    """Micro-batch per replica."""
+    dtype: str = "float64"
+    """float64 (parity), float32, bfloat16 (smoke)."""
+    seed: int = 0
+    """Seed for weights and data."""
+    device: str = "cpu"
+    """cpu (gloo) | cuda (nccl)."""
+    optimizer_step: bool = True
+    """Also compare parameters after one AdamW step (float64 only; see the module docstring)."""
+    decode_steps: int = 0
+    """Serving instead of training: prefill seq_len tokens into a KV cache, then decode this many tokens one
+    at a time, comparing the prefill and every decode step's logits with the reference (tspbench/verify_decode.py)."""
+
+    def parallel(self) -> ParallelConfig:
+        return ParallelConfig(scheme=self.scheme, degree=self.degree, tp=self.tp, dp=self.dp,
+                              sp_variant=self.sp_variant, recompute=self.recompute, vocab=self.vocab)
+
+    def validate(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"dtype={self.dtype!r} is unknown; allowed: {', '.join(DTYPES)}")
+        if self.device not in ("cpu", "cuda"):
+            raise ConfigError(f"device={self.device!r} is unknown; allowed: cpu, cuda")
+        if self.decode_steps < 0:
+            raise ConfigError(f"decode_steps={self.decode_steps} must be ≥ 0 (0: training parity)")
+        if self.device == "cuda" and torch.cuda.device_count() < self.parallel().world_size:
+            raise ConfigError(f"device=cuda needs {self.parallel().world_size} GPUs (dp × degree), "
+                              f"found {torch.cuda.device_count()}; use device=cpu")
+        validate_parallel(self.model, self.parallel(), self.seq_len, self.batch)
+
+
+@dataclass
+class TensorCheck:
+    name: str
+    max_abs: float
+    max_rel: float
+    tol: float
+    ok: bool
+
+
+@dataclass
+class CaseResult:
+    case: dict
+    checks: list[TensorCheck]
+    comm_layer0: dict          # recv elements per phase, layer 0, one forward+backward
+    comm_ops_layer0: list      # (op, phase, numel, recv_numel) for layer 0
+    comm_edges: dict           # recv elements per phase of the embedding ("embed") and LM head + loss ("head")
+    param_bytes: list[int]     # per rank
+    activation_bytes: list[int]  # per rank: bytes saved for backward by one forward (params excluded)
+    breakage: str | None = None
+    kv_cache_bytes: list[int] = field(default_factory=list)  # per rank, after prefill + decode (serving)
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.checks)
+
+
+def check_tensor(name: str, got: torch.Tensor, ref: torch.Tensor, tol: float) -> TensorCheck:
+    got, ref = got.detach().double().cpu(), ref.detach().double().cpu()
+    if got.shape != ref.shape:
+        return TensorCheck(name, float("inf"), float("inf"), tol, False)
+    abs_err = (got - ref).abs().max().item()
+    scale = ref.abs().max().item()
+    rel = abs_err / scale if scale > 0 else abs_err
+    return TensorCheck(name, abs_err, rel, tol, bool(rel <= tol))
+
+
+def breakage(name: str | None):
+    if name is None:
+        return contextlib.nullcontext()
+    from tspbench.verify.broken import BREAKAGES
+    return BREAKAGES[name]()
