@@ -145,8 +145,7 @@ def test_empty_input(tmp_path):
 
 
 def test_default_out_and_claims_fallback(tmp_path, monkeypatch):
-    import tspbench.report.build as build_mod
-    monkeypatch.setattr(build_mod, "REPORTS_DIR", tmp_path / "reports")
+    monkeypatch.chdir(tmp_path)   # reports go under the working directory
     src = rf.write_minimal(tmp_path / "min.jsonl")
     html = build_report([src])  # claims from tspbench.paper.claims, or [] while it does not exist
     assert html.parent == tmp_path / "reports" and re.fullmatch(r"report-\d{8}-\d{6}\.html", html.name)

@@ -17,9 +17,9 @@ def finish(results: list[str | Path], name: str) -> Path:
     Markdown export's rows with a number in "ours") and the report's path."""
     import time
 
-    from tspbench.report.build import REPORTS_DIR
+    from tspbench.paths import reports_dir
 
-    out = REPORTS_DIR / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}.html"
+    out = reports_dir() / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}.html"
     html = build_report([Path(p) for p in results], out=out, title=f"tspbench: {name}")
     rows = html.with_suffix(".md").read_text().splitlines()
     matched = [r for r in rows[2:] if r.split("|")[3].strip() not in ("—", "")]

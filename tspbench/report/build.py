@@ -19,9 +19,9 @@ from pathlib import Path
 import pandas as pd
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
-from tspbench.paths import templates_dir
+from tspbench.paths import reports_dir, templates_dir
 from tspbench.report.claims import claims_table, evidence_line, load_claim_list
-from tspbench.report.frame import CPU_NOTE, MEM_PARTS, REPORTS_DIR, WITHIN_PCT, fmt, fmt_seq, load_frame, num, records
+from tspbench.report.frame import CPU_NOTE, MEM_PARTS, WITHIN_PCT, fmt, fmt_seq, load_frame, num, records
 
 # ---------------------------------------------------------------- other tables --------------------
 
@@ -109,7 +109,7 @@ def build_report(paths: list[str | Path], out: Path | None = None, title: str | 
     from tspbench.report.figures import make_figures  # matplotlib import is slow; only when building
 
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    out = Path(out) if out is not None else REPORTS_DIR / f"report-{stamp}.html"
+    out = Path(out) if out is not None else reports_dir() / f"report-{stamp}.html"
     out.parent.mkdir(parents=True, exist_ok=True)
     csv_path, md_path = out.with_suffix(".csv"), out.with_suffix(".md")
 

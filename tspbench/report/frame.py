@@ -10,10 +10,8 @@ from typing import Any, Iterable
 
 import pandas as pd
 
-from tspbench.paths import reports_dir
 from tspbench.record.store import read_records
 
-REPORTS_DIR = reports_dir()
 GIB_TO_GB = 1.073741824  # 1 GiB = 2**30 B = 1.073741824 GB; the paper quotes GB
 WITHIN_PCT = 10.0
 CPU_NOTE = "CPU (gloo): checks the machinery, not GPU performance"

@@ -10,8 +10,8 @@ re-running an experiment into the same directory finds the runs already recorded
 
 Axes and their scalar overrides: the plural fields are the grid (`seq_lens: [64, 128]`); the singular
 ones (`seq_len=128`, `degree=4`, `batch=2`, `mode=forward`), when set, replace the axis with one value,
-which is what a Hydra multirun sweeps (`-m seq_len=64,128`). The scheme axis is `schemes=[tp,tsp]` (a
-`scheme` key would clash with the `conf/scheme/` group; sweep it as `-m 'schemes=[tp],[tsp]'`).
+which is what a Hydra multirun sweeps (`-m seq_len=64,128`). The scheme axis is `schemes=[tp,tsp]` (sweep it
+as `-m 'schemes=[tp],[tsp]'`).
 """
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ class FaultConfig:
 
 @dataclass
 class SchemeOptions:
-    """Per-scheme defaults (conf/scheme/<name>.yaml, merged into `scheme_opts.<name>`)."""
+    """Per-scheme defaults (conf/scheme_opts/<name>.yaml, merged into `scheme_opts.<name>`)."""
 
     sp_variants: List[str] = field(default_factory=lambda: ["allgather"])
     """sp and tp_sp: K/V exchange variants to run (allgather | ring); ignored by the other schemes."""
@@ -69,7 +69,7 @@ class ExperimentConfig:
     schemes: List[str] = field(default_factory=lambda: list(SCHEMES))
     """Scheme axis of the grid. `single` always runs at degree 1 (the single-device baseline)."""
     scheme_opts: Dict[str, SchemeOptions] = field(default_factory=dict)
-    """Per-scheme options, filled from conf/scheme/*.yaml (`scheme_opts.sp.sp_variants=[ring]`)."""
+    """Per-scheme options, filled from conf/scheme_opts/*.yaml (`scheme_opts.sp.sp_variants=[ring]`)."""
     seq_lens: List[int] = field(default_factory=lambda: [64])
     """Sequence-length axis S."""
     degrees: List[int] = field(default_factory=lambda: [2])

@@ -21,9 +21,7 @@ def compose(overrides: list[str]) -> VerifyConfig:
 
     from tspbench.cli import register
     register().store(name="verify_schema", node=VerifyConfig)
-    # Its own root (conf/verify, with conf/model linked in): there `scheme=` is a value, not the runner's
-    # conf/scheme group.
-    with initialize_config_dir(str(CONF_DIR / "verify"), version_base=None):
+    with initialize_config_dir(str(CONF_DIR), version_base=None):
         cfg = hcompose("verify", overrides=overrides)
     obj = OmegaConf.to_object(cfg)
     return obj
