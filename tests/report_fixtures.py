@@ -8,7 +8,7 @@
   * a failed run, a timeout, a superseded duplicate run_id, a record with most keys missing, one
     with malformed fields, and a torn last line.
 Numbers are chosen so deviations from CLAIMS are known (see the tests). Communication volumes follow
-tsp-method.md §5, so the TSP/TP crossover sits at B·S = 8h.
+docs/method.md#communication, so the TSP/TP crossover sits at B·S = 8h.
 """
 from __future__ import annotations
 
@@ -20,11 +20,11 @@ LLAMA7B = {"dim": 4096, "n_layers": 32, "n_heads": 32, "n_kv_heads": 32, "ffn_hi
            "vocab_size": 32000}
 
 # Claims in the shape tspbench.paper.claims.load_claims() returns (conf/claims.yaml; values from
-# tsp-method.md §6), plus one claim at 256K that no fixture record answers.
+# docs/method.md#published), plus one claim at 256K that no fixture record answers.
 def _claim(cid, kind, value, unit, scheme, seq_len, n_gpus, tp=None, sp=None):
     return {"id": cid, "kind": kind, "value": value, "unit": unit, "scheme": scheme, "degree": 8,
             "tp": tp, "sp": sp, "seq_len": seq_len, "n_gpus": n_gpus, "hardware": "mi300x",
-            "source": "tsp-method.md §6", "label": "[secondary]", "note": f"fixture {cid}"}
+            "source": "docs/method.md#published", "label": "[secondary]", "note": f"fixture {cid}"}
 
 
 CLAIMS = [
@@ -41,7 +41,7 @@ TOK_TPSP_1024 = (80e6, 70e6)  # T=4·Σ=2 (strongest), T=2·Σ=4 -> speed-up 2.0
 
 
 def comm_fwd_elems(scheme: str, s: int, b: int, cfg: dict, d: int, t: int = 0) -> float:
-    """Forward elements received per layer per device (tsp-method.md §5)."""
+    """Forward elements received per layer per device (docs/method.md#communication)."""
     h, g, f = cfg["dim"], cfg["n_heads"] // cfg["n_kv_heads"], cfg["ffn_hidden"] / cfg["dim"]
     if scheme in ("tp", "tp_msp"):
         return 4 * b * s * h * (d - 1) / d

@@ -1,4 +1,4 @@
-"""Collective accounting: what each scheme issues per layer equals the formulas of tsp-method.md §5 exactly
+"""Collective accounting: what each scheme issues per layer equals the formulas of docs/method.md#communication exactly
 (elements received per rank, bandwidth-optimal volume convention in tspbench.schemes.comm), and the
 analytic cost model (tspbench.predict.costmodel.comm_per_layer) predicts the same numbers as the code counts."""
 from __future__ import annotations
@@ -30,7 +30,7 @@ def formula_fwd(vc) -> float:
 
 def formula_bwd(vc) -> float:
     """No recompute. TP/Megatron-SP mirror their forward collectives; SP/TP×SP reduce-scatter dK/dV (ring:
-    reverse hops of the same size); TSP re-broadcasts and re-gathers (A7), reduces dW to owners, reduce-
+    reverse hops of the same size); TSP re-broadcasts and re-gathers (docs/method.md#choice-backward), reduces dW to owners, reduce-
     scatters dK/dV and runs a second weight ring plus a gradient ring: 2W + 2K."""
     f = formula_fwd(vc)
     return 2 * f if vc.scheme == "tsp" else f

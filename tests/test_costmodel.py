@@ -1,6 +1,6 @@
 """Cost model, claims and hardware profiles: pure arithmetic, CPU, fast.
 
-Golden numbers come from tsp-method.md §4–§6 (reference model h = 4096, L = 32, g = 1, ffn = 4h, bf16).
+Golden numbers come from docs/method.md#memory (reference model h = 4096, L = 32, g = 1, ffn = 4h, bf16).
 Tolerances are the rounding of the published figures (two decimals in GB), so a wrong factor of (D−1)/D,
 a missing collective or a wrong element size fails them; the non-vacuity tests show that.
 """
@@ -34,9 +34,9 @@ def fwd_gb(scheme: str, degree: int = 8, tp: int = 0, seq_len: int = S128K) -> f
     return c["fwd_total"] * 2 / 1e9
 
 
-# ---------------------------------------------------------------------------------------------- §5 comm
+# ---------------------------------------------------------------------------------------------- communication (docs/method.md#communication)
 def test_worked_comm_numbers_per_layer():
-    # tsp-method.md §5 table: B = 1, S = 128K, D = T = 8, bf16; figures rounded to 0.01 GB
+    # docs/method.md#communication table: B = 1, S = 128K, D = T = 8, bf16; figures rounded to 0.01 GB
     tsp = comm_per_layer(LLAMA7B, ParallelConfig(scheme="tsp", degree=8), S128K, 1)["fwd"]
     assert tsp["weights"] * 2 / 1e9 == pytest.approx(0.47, abs=0.005)
     assert tsp["kv"] * 2 / 1e9 == pytest.approx(1.88, abs=0.005)
@@ -77,7 +77,7 @@ def test_train_volumes_follow_section5():
                                               ("tp_sp", 8, 4), ("tsp", 8, 0), ("tsp", 4, 0), ("single", 1, 0)])
 @pytest.mark.parametrize("mode,recompute", [("forward", "none"), ("train", "none"), ("train", "full")])
 def test_collective_schedule_matches_closed_form(scheme, degree, tp, mode, recompute):
-    # the α–β schedule (op by op) and the closed-form §5 volumes must describe the same traffic
+    # the α–β schedule (op by op) and the closed-form volumes must describe the same traffic
     par = ParallelConfig(scheme=scheme, degree=degree, tp=tp, recompute=recompute)
     colls = layer_collectives(LLAMA7B, par, 8192, 2, mode=mode)
     received = sum(count * received_elems(op, p, n) for op, p, n, _, count in colls)
@@ -110,7 +110,7 @@ def test_crossover_is_8h_forward_and_12h_train():
     # at the crossover TSP ≤ TP, one token below it TSP > TP
     assert fwd_gb("tsp", seq_len=32768) <= fwd_gb("tp", seq_len=32768) + 1e-12
     assert fwd_gb("tsp", seq_len=32767) > fwd_gb("tp", seq_len=32767)
-    gqa = replace(LLAMA7B, n_kv_heads=8)                     # g = 4: B·S ≥ 4.1h (tsp-method.md §5)
+    gqa = replace(LLAMA7B, n_kv_heads=8)                     # g = 4: B·S ≥ 4.1h (docs/method.md#communication)
     assert crossover_tokens(gqa, 8) / 4096 == pytest.approx(4.14, abs=0.01)
     with pytest.raises(ValueError):
         crossover_tokens(LLAMA7B, 1)
@@ -168,7 +168,7 @@ def test_activation_sharding():
 
 def test_tsp_buffers_and_forward_mode():
     # At TSP's peak (an MLP backward, full recompute) the live communication buffers are the ring's two
-    # weight buffers (2 × 3·F·h²/D bf16 = 100.7 MB, tsp-method.md §4) and the gradient accumulator in and
+    # weight buffers (2 × 3·F·h²/D bf16 = 100.7 MB, docs/method.md#memory) and the gradient accumulator in and
     # out (the same again): 201.3 MB.
     shard = 3 * 16384 * 4096 / 8 * 2
     full = ParallelConfig(scheme="tsp", degree=8, recompute="full")
@@ -184,7 +184,7 @@ def test_tsp_buffers_and_forward_mode():
 # ---------------------------------------------------------------------------------------------- FLOPs / time
 def test_flops_per_token():
     n, s = non_embedding_params(LLAMA7B), S128K
-    # one layer at 128K: 0.54 GF linear + 1.07 GF causal attention = 1.61 GF (tsp-method.md §6.5)
+    # one layer at 128K: 0.54 GF linear + 1.07 GF causal attention = 1.61 GF (docs/method.md#plausibility-173m)
     assert flops_per_token(LLAMA7B, s, mode="forward", causal_halved=True, layers=1) / 1e9 == pytest.approx(1.61, abs=0.005)
     # PaLM / torchtitan: 6N + 12·L·h·S, no causal halving, no embedding or LM head
     palm = flops_per_token(LLAMA7B, s, mode="train", causal_halved=False, include_lm_head=False)
@@ -246,7 +246,7 @@ def test_claims_load_with_sources():
         assert c["label"] in ("[paper/blog]", "[secondary]"), c["id"]
         assert c["hardware"] == "mi300x"
         assert c["scheme"] in ("tsp", "tp", "tp_msp", "sp", "tp_sp")
-    assert ids["mem_128k_tpsp_a"]["tp"] is None                      # layout unknown (A3)
+    assert ids["mem_128k_tpsp_a"]["tp"] is None                      # layout unknown (docs/method.md#choice-tpsp-layouts)
 
 
 @pytest.mark.parametrize("name", HW_NAMES)

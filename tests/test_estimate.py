@@ -100,7 +100,7 @@ def test_estimate_matches_real_run_4_ranks(real_runs_4, scheme, tp, recompute):
 
 
 def test_comm_counts_are_not_vacuous(real_runs):
-    # tsp's layer 0 issues D broadcasts, D all-gathers and D−1 ring hops forward (tsp-method.md §5)
+    # tsp's layer 0 issues D broadcasts, D all-gathers and D−1 ring hops forward (docs/method.md#communication)
     ops = [tuple(o) for o in real_runs[("tsp", "none")]["comm_ops"] if o[1] == "fwd" and not o[6]]
     assert [o[0] for o in ops].count("broadcast") == 2 and [o[0] for o in ops].count("all_gather") == 2
     assert [o[0] for o in ops].count("send_recv") == 1
@@ -163,7 +163,7 @@ def test_llama7b_128k_record_and_speed(llama_128k):
     assert m["mem_total_gib"] == pytest.approx(sum(m[f"mem_{c}_gib"] for c in CATEGORIES))
     # the optimizer holds fp32 master + m + v = 12 B for each of this rank's parameters
     assert m["mem_optimizer_gib"] * 2**30 == pytest.approx(12 * params_per_device(LLAMA7B, par))
-    # one layer's forward traffic is the §5 formula: weights (D−1)/D·W + K/V 2·S·h/g·(D−1)/D, bf16
+    # one layer's forward traffic is the formula (docs/method.md#communication): weights (D−1)/D·W + K/V 2·S·h/g·(D−1)/D, bf16
     w = 16 * 4096**2
     assert m["comm_elems_per_layer_fwd"] == pytest.approx(w * 7 / 8 + 2 * S128K * 4096 * 7 / 8)
     assert m["comm_bytes_per_layer_fwd"] == pytest.approx(2 * m["comm_elems_per_layer_fwd"])

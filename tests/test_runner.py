@@ -231,7 +231,7 @@ def test_flops_conventions_and_peak_table():
 
     llama = ModelConfig(name="llama7b", vocab_size=32000, dim=4096, n_layers=32, n_heads=32, n_kv_heads=32,
                         ffn_hidden=16384)
-    assert llama.n_layers * cf.layer_weight_params(llama) == 8_589_934_592     # tsp-method.md §4
+    assert llama.n_layers * cf.layer_weight_params(llama) == 8_589_934_592     # docs/method.md#memory
     s = 131072
     n = llama.n_layers * cf.layer_weight_params(llama) + llama.vocab_size * llama.dim
     palm = 6 * n + 12 * llama.n_layers * llama.n_heads * llama.head_dim * s       # PaLM App. B

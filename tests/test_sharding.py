@@ -8,7 +8,7 @@ from parity_cases import ALL
 
 def expected_param_bytes(vc) -> int:
     """Block weights divided by the tensor degree (tp, tp_msp, tsp: degree; tp_sp: T; sp: 1); embedding and
-    LM head split by vocabulary over the tensor axis of tp, tp_msp and tp_sp, replicated in sp and tsp (A9);
+    LM head split by vocabulary over the tensor axis of tp, tp_msp and tp_sp, replicated in sp and tsp (docs/method.md#choice-embedding);
     norms replicated everywhere."""
     m = vc.model
     d = m.head_dim

@@ -1,4 +1,4 @@
-"""Tokens per step are counted once per scheme: dp × B × S, never × T, × Σ or × D (anchors.md §3).
+"""Tokens per step are counted once per scheme: dp × B × S, never × T, × Σ or × D (docs/method.md#tokens).
 
 Peers over-count by the TP degree (huggingface/trl#7100: "32× the truth") or the CP degree
 (pytorch/torchtitan#2983) and under-count by dividing by it (PrimeIntellect-ai/prime-rl#2424). The runner's

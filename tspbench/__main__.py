@@ -1,6 +1,6 @@
 """`python -m tspbench +exp=NAME [overrides]`: compose, expand the grid, run each point, summarise.
 
-Hydra lives only here, in the parent (style.md rule 20): it composes the typed ExperimentConfig
+Hydra lives only here, in the parent: it composes the typed ExperimentConfig
 (tspbench/experiment.py), owns the run/sweep directories (conf/config.yaml) and, under `-m`, the sweep;
 each run's ranks are spawned by tspbench.run.launch from a frozen spec file.
 """

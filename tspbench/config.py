@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 SCHEMES = ("single", "tp", "tp_msp", "sp", "tp_sp", "tsp")
-"""Scheme names used by configs, results and reports (tsp-method.md §7)."""
+"""Scheme names used by configs, results and reports (docs/method.md#naming)."""
 
 SP_VARIANTS = ("allgather", "ring")
 RECOMPUTE = ("none", "full")
@@ -28,7 +28,7 @@ class ConfigError(ValueError):
 
 @dataclass
 class ModelConfig:
-    """Llama-style decoder (tsp-method.md §6.1; SwiGLU + RMSNorm + RoPE per A16)."""
+    """Llama-style decoder (docs/method.md#published; SwiGLU + RMSNorm + RoPE per docs/method.md#choice-activation)."""
 
     name: str = "tiny"
     """Label used in results and reports."""
@@ -78,7 +78,7 @@ class ParallelConfig:
     """Embedding and LM head: auto (split by vocabulary over the tensor axis in tp, tp_msp and tp_sp, as in
     Megatron; replicated in sp and tsp), replicated (whole on every rank, every scheme), or ring (tsp only:
     1/D of the vocabulary per rank, shards passed round the TSP ring with an online-softmax cross-entropy;
-    tsp-method.md A9 (b))."""
+    docs/method.md#choice-embedding)."""
 
     @property
     def world_size(self) -> int:
@@ -96,7 +96,7 @@ class ParallelConfig:
     @property
     def vocab_degree(self) -> int:
         """Ranks the embedding / LM-head vocabulary is split over: the tensor axis of tp, tp_msp and tp_sp
-        (Megatron's vocabulary-parallel embedding and cross-entropy); 1 (replicated) for sp and tsp (A9); D with
+        (Megatron's vocabulary-parallel embedding and cross-entropy); 1 (replicated) for sp and tsp (docs/method.md#choice-embedding); D with
         vocab=ring; 1 with vocab=replicated."""
         if self.vocab == "replicated":
             return 1

@@ -1,4 +1,4 @@
-"""The single-device reference: a Llama-style decoder (tsp-method.md §6.1, A16).
+"""The single-device reference: a Llama-style decoder (docs/method.md#published, docs/method.md#choice-activation).
 
 Token embedding → L × [RMSNorm → causal GQA attention with RoPE → residual → RMSNorm → SwiGLU MLP →
 residual] → RMSNorm → LM head → cross-entropy.

@@ -6,7 +6,7 @@ build the same operation and call it `count` times (warm-up + measured rounds, o
 is disabled). Gloo collectives on CPU tensors return when the data has arrived, so rank 0's clock sees
 the whole collective; on CUDA each call ends with an explicit synchronize.
 
-Bus bandwidth (nccl-tests doc/PERFORMANCE.md; anchors.md §4.3): algbw = S / t with S the full buffer
+Bus bandwidth (nccl-tests doc/PERFORMANCE.md; docs/method.md#collective-cost): algbw = S / t with S the full buffer
 (all-gather output, reduce-scatter input, the all-reduced / broadcast / sent tensor); busbw = algbw ×
 factor, factor (p−1)/p for all-gather / reduce-scatter, 2(p−1)/p for all-reduce, 1 for broadcast and
 point-to-point.

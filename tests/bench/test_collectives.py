@@ -3,7 +3,7 @@
 Skipped by default (pyproject: `-m 'not bench'`); run with `pytest -m bench tests/bench`. Two ranks: this
 process (rank 0, timed by pytest-benchmark) and a mirror process (rank 1), see _mirror.py. Each call ends
 with an explicit device sync; `extra_info` carries bytes, algbw and busbw (nccl-tests factors). On CPU
-these are gloo numbers: they check the harness and calibrate nothing on a GPU (anchors.md §1.2).
+these are gloo numbers: they check the harness and calibrate nothing on a GPU (docs/method.md#peak-memory).
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Energy over the measured window (anchors.md §2.3; style rule 16).
+"""Energy over the measured window (docs/method.md#energy).
 
 Counter first: NVIDIA's `nvmlDeviceGetTotalEnergyConsumption` (mJ since driver load, Volta+) read at the
 window edges, after the device sync, as Megatron's EnergyMonitor and Zeus do. AMD: amdsmi's energy

@@ -1,6 +1,6 @@
 """Peak memory, and where it goes.
 
-Device peaks (CUDA/ROCm only; style rule 16): `torch.cuda.max_memory_allocated` / `max_memory_reserved`
+Device peaks (CUDA/ROCm only: `torch.cuda.max_memory_allocated` / `max_memory_reserved`
 over the measured window (peaks reset at its start), allocator retries and OOMs, and the device-wide used
 memory from NVML (amdsmi on AMD), which includes the CUDA context and other processes.
 

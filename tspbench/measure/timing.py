@@ -1,6 +1,6 @@
 """Step timing and token accounting.
 
-The device is synchronised only at the window edges (style.md rule 14). Inside the window:
+The device is synchronised only at the window edges. Inside the window:
   CUDA  one `torch.cuda.Event(enable_timing=True)` recorded after each step; read after the closing sync.
   CPU   `time.perf_counter()` after each step; eager CPU ops and gloo collectives are synchronous, so the
         host clock is the device clock.

@@ -1,4 +1,4 @@
-"""Published TSP numbers (conf/claims.yaml; tsp-method.md §6.3–§6.4) as plain dicts.
+"""Published TSP numbers (conf/claims.yaml; docs/method.md#published) as plain dicts.
 
 Every claim carries an id, value, unit, scheme, layout (degree, tp, sp; null when unknown), seq_len,
 n_gpus, hardware, source, label and note. `tspbench.paper.tables` puts model predictions beside them.

@@ -2,10 +2,10 @@
 
 Uses only `tspbench.predict.costmodel` (closed-form formulas, no torch.distributed) and `conf/claims.yaml`.
 
-Reference model `LLAMA7B` (tsp-method.md §6.1): h = 4096, L = 32, 32 query and 32 KV heads (MHA), gated MLP
+Reference model `LLAMA7B` (docs/method.md#published): h = 4096, L = 32, 32 query and 32 KV heads (MHA), gated MLP
 with ffn = 4h = 16384, 8.59B non-embedding parameters. The paper's vocabulary is not stated; we use
 Llama-2's V = 32000 with an untied LM head: split by vocabulary over the tensor axis in TP, TP+Megatron-SP and
-TP×SP (Megatron's vocabulary parallelism), replicated in SP and TSP (A9), as in tspbench's code.
+TP×SP (Megatron's vocabulary parallelism), replicated in SP and TSP (docs/method.md#choice-embedding), as in tspbench's code.
 
 Memory setting. One setting for every scheme, chosen by `memory_setting_scan()` among honest discrete
 options (k = 16 or 18 bytes/param, recompute none or full, GB or GiB) and never by adding terms:
@@ -15,9 +15,9 @@ The memory model (`costmodel.memory_breakdown`) is the peak of one training step
 phase by phase, and agrees with the fake-tensor estimate of that code (tspbench.predict.estimate) to < 1% for every
 scheme here. Recompute "none" is ruled out by the data (TSP at 128K would need ~60 GB, TP ~390 GB, against
 38.8 and 70.0). Among the four full-recompute variants (k = 16/18 × GB/GiB) the mean |deviation| is 16–20%,
-which does not discriminate between them, so we keep the a-priori choice: k = 16 (tsp-method.md §4; bf16
+which does not discriminate between them, so we keep the a-priori choice: k = 16 (docs/method.md#memory; bf16
 grads) and GB, the unit the claims are quoted in. Under it TP at 128K is within 2% of 70.0 GB, the 85.0 GB
-figure is closest to TP×SP T=2×Σ=4 and 140.0 GB to pure SP (T=1×Σ=8), as tsp-method.md §4 guessed. The three
+figure is closest to TP×SP T=2×Σ=4 and 140.0 GB to pure SP (T=1×Σ=8), as docs/method.md#memory guessed. The three
 other cells (TSP at 16K and 128K, TP at 16K) are all ~9 GB low, a near-constant gap whatever the scheme and
 length (TSP's 16K→128K growth matches), which no honest setting removes (see `_explain`).
 """
@@ -96,7 +96,7 @@ def _attach_claims(df: pd.DataFrame) -> pd.DataFrame:
             continue
         mask = (df.seq_len == c["seq_len"]) & (df.layout.str.startswith("TSP" if c["scheme"] == "tsp" else "TP T="))
         df.loc[mask, ["claim_id", "claim"]] = [c["id"], c["value"]]
-    # A3: the layouts behind 85.0 and 140.0 GB are unknown. Candidates: T·Σ = 8 with Σ > 1. Assign the two
+    # docs/method.md#choice-tpsp-layouts: the layouts behind 85.0 and 140.0 GB are unknown. Candidates: T·Σ = 8 with Σ > 1. Assign the two
     # claims to distinct layouts minimising the summed |relative deviation| (a nearest-prediction match).
     open_claims = [c for c in claims if c["tp"] is None and c["scheme"] == "tp_sp"]
     cand = df[(df.seq_len == SEQ_128K) & (df.scheme == "tp_sp") & (df.sp > 1)]
@@ -104,7 +104,7 @@ def _attach_claims(df: pd.DataFrame) -> pd.DataFrame:
                key=lambda idx: sum(abs(df.predicted[i] / c["value"] - 1) for i, c in zip(idx, open_claims)))
     for i, c in zip(best, open_claims):
         df.loc[i, ["claim_id", "claim"]] = [c["id"], c["value"]]
-        df.loc[i, "note"] = "layout not published (A3); assigned to the closest predicted T·Σ = 8 layout. "
+        df.loc[i, "note"] = "layout not published (docs/method.md#choice-tpsp-layouts); assigned to the closest predicted T·Σ = 8 layout. "
     df["deviation_pct"] = 100 * (df.predicted / df.claim - 1)
     df["within_10pct"] = df.deviation_pct.abs() <= 10
     return df
@@ -130,7 +130,7 @@ def _explain(row: pd.Series, df: pd.DataFrame) -> str:
                      f"{hi[1].predicted - lo[1].predicted:.1f} {uname} here vs {hi[1].claim - lo[1].claim:.1f} "
                      "published")
         return text + (": the published figures hold a fixed term tspbench does not allocate (allocator reserve vs "
-                       "allocated, RCCL/workspace buffers, runtime context; A15). No shared setting produces it, "
+                       "allocated, RCCL/workspace buffers, runtime context; docs/method.md#choice-peak-memory). No shared setting produces it, "
                        "and adding a constant would be fitting the paper, so the cell stays a miss. ")
     par = ParallelConfig(scheme=row.scheme, degree=DEGREE, tp=int(row.tp) if row.scheme == "tp_sp" else 0,
                          recompute=PAPER_MEMORY_SETTING.recompute)
@@ -144,7 +144,7 @@ def _explain(row: pd.Series, df: pd.DataFrame) -> str:
 
 
 def paper_memory_table(setting: MemorySetting = PAPER_MEMORY_SETTING, hw: str = "mi300x") -> pd.DataFrame:
-    """Predicted peak memory per device (llama7b, one node of 8 MI300X) beside every §6.3 claim.
+    """Predicted peak memory per device (llama7b, one node of 8 MI300X) beside every memory claim (docs/method.md#published).
 
     Rows: 16K and 128K × (TSP D=8, TP T=8, TP×SP T×Σ = 1×8 (pure SP), 2×4, 4×2, 8×1). Columns: the
     breakdown in the setting's unit, `predicted`, `claim`, `deviation_pct`, `within_10pct`, `note`.
@@ -178,7 +178,7 @@ def paper_throughput_table(hw: str = "mi300x", n_gpus: int = N_GPUS, seq_len: in
     """Predicted forward tokens/s on n_gpus at 128K: TSP D=8 vs every TP×SP layout, full model and one layer.
 
     Adds the "matched per-GPU sharding" reading of the baseline (T = Σ = degree, degree² GPUs per replica;
-    tsp-method.md §6.4 reconciliation b). `tsp_speedup` = TSP tokens/s ÷ the row's, to set beside 2.0× and 2.6×.
+    docs/method.md#published reconciliation b). `tsp_speedup` = TSP tokens/s ÷ the row's, to set beside 2.0× and 2.6×.
     """
     profile = load_hardware(hw)
     cfgs = [(n, p) for n, p in layouts(degree) if not n.startswith("TP T=")]
@@ -231,7 +231,7 @@ def throughput_assumptions(hw: str = "mi300x", n_gpus: int = N_GPUS, seq_len: in
 
 def plausibility_173m(hw: str = "mi300x", tokens_per_s: float | None = None, n_gpus: int = N_GPUS,
                       seq_len: int = SEQ_128K) -> dict:
-    """PFLOP/s per GPU that 173M tok/s on 1,024 GPUs would need (tsp-method.md §6.5), full model vs one layer."""
+    """PFLOP/s per GPU that 173M tok/s on 1,024 GPUs would need (docs/method.md#plausibility-173m), full model vs one layer."""
     profile = load_hardware(hw)
     tokens_per_s = tokens_per_s or next(c["value"] for c in load_claims() if c["id"] == "tput_1024_tsp")
     per_gpu = tokens_per_s / n_gpus

@@ -40,7 +40,7 @@ def _matches(claim: dict, r: dict, scheme: str | None) -> bool:
     model and mode wherever the claim states one."""
     tp, sp = _layout(r)
     have_scheme = r.get("scheme")
-    if scheme == "tp_sp" and have_scheme == "sp":  # pure SP is the T = 1 × Σ factorisation (A3: report all)
+    if scheme == "tp_sp" and have_scheme == "sp":  # pure SP is the T = 1 × Σ factorisation (docs/method.md#choice-tpsp-layouts: report all)
         have_scheme = "tp_sp"
     checks = [(scheme, have_scheme), (claim.get("seq_len"), r.get("seq_len")),
               (claim.get("degree"), r.get("degree")), (claim.get("tp"), tp), (claim.get("sp"), sp),
@@ -69,7 +69,7 @@ def _values(claim: dict, r: dict, rows: list[dict]) -> list[tuple[float, str]]:
         return [(r["tok"], r["tok_basis"])]
     if unit == "x" and r["tok"]:
         # A speed-up over a baseline the claim does not pin down: report TSP against every baseline
-        # layout run in the same setting (method §6.4), strongest baseline first.
+        # layout run in the same setting (docs/method.md#choice-tpsp-layouts), strongest baseline first.
         base = claim.get("baseline") or "tp_sp"
         same = [b for b in rows if b.get("scheme") == base and b["status"] == "ok" and b["tok"]
                 and all(_same(b.get(k), r.get(k)) for k in ("seq_len", "world_size", "model",
@@ -105,7 +105,7 @@ def claims_table(claims: list[dict], df: pd.DataFrame) -> list[dict]:
         matches = [r for r in rows if _matches(c, r, c.get("scheme"))]
         found = False
         for r in _latest_per_group([r for r in matches if r["status"] == "ok"]):
-            # The paper's model has h = 4096 (method §6.1); a smaller model's number is shown but
+            # The paper's model has h = 4096 (docs/method.md#published); a smaller model's number is shown but
             # flagged and never counted as agreeing.
             h = num(r.get("cfg_dim"))
             ref = h is None or h == 4096

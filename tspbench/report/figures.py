@@ -179,7 +179,7 @@ def fig_throughput(df: pd.DataFrame, pal: dict):
 
 
 def crossover_bs(row: pd.Series) -> float | None:
-    """Analytic forward crossover TSP ≤ TP (method §5): B·S ≥ (2 + 2/g + 3F)·h / (4 − 2/g)."""
+    """Analytic forward crossover TSP ≤ TP (docs/method.md#crossover): B·S ≥ (2 + 2/g + 3F)·h / (4 − 2/g)."""
     h, nh, nkv, ffn = (num(row.get(k)) for k in ("cfg_dim", "cfg_n_heads", "cfg_n_kv_heads",
                                                   "cfg_ffn_hidden"))
     if not (h and nh and nkv and ffn):

@@ -18,7 +18,7 @@ CPU_NOTE = "CPU (gloo): checks the machinery, not GPU performance"
 NOT_REPRODUCED = "not reproduced by these results"
 
 SCHEME_ORDER = ("single", "tp", "tp_msp", "sp", "tp_sp", "tsp")
-# "SP" is spelled out everywhere: the paper's SP is token sharding (= CP), not Megatron-SP (method §7).
+# "SP" is spelled out everywhere: the paper's SP is token sharding (= CP), not Megatron-SP (docs/method.md#naming).
 SCHEME_NAMES = {"single": "single device", "tp": "TP", "tp_msp": "TP + Megatron-SP",
                 "sp": "SP (token sharding / CP)", "tp_sp": "TP×SP", "tsp": "TSP"}
 METHOD_ORDER = ("measured", "estimated", "modelled")
@@ -63,7 +63,7 @@ def dedupe(records: Iterable[dict]) -> list[dict]:
 
 
 def scheme_label(row: dict) -> str:
-    """Scheme plus its layout, e.g. "TSP D=8", "TP×SP T=4·Σ=2" (paper notation, method §2)."""
+    """Scheme plus its layout, e.g. "TSP D=8", "TP×SP T=4·Σ=2" (paper notation, docs/method.md#notation)."""
     s, d = row.get("scheme"), num(row.get("degree"))
     name = SCHEME_NAMES.get(s, str(s or "?"))
     di = "" if d is None else str(int(d))

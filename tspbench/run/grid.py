@@ -3,7 +3,7 @@
 An experiment is a grid, schemes × sequence lengths × degrees × micro-batches × modes (and, per scheme,
 the K/V-exchange variants of sp/tp_sp and the tensor degrees of tp_sp), run in one invocation. Each grid
 point becomes a frozen `RunSpec`: plain data, JSON-serialisable, with everything a worker needs; the
-worker reads it from a file and never sees Hydra (style.md rule 20).
+worker reads it from a file and never sees Hydra.
 
 `run_id` is a hash of the workload part of the spec (model, layout, shape, dtype, device, steps, seed), so
 re-running an experiment into the same directory finds the runs already recorded `ok` and skips them.

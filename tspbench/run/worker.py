@@ -8,11 +8,11 @@ from the seed, and runs:
     step 0            untimed; the CommLog records every collective (comm bytes per layer), then stops
     warm-up           warmup_steps − 1 more untimed steps
     measured window   sync → measured_steps steps (no sync, no .item()) → sync; time, peak memory and
-                      energy are read together at the edges (style.md rule 14)
+                      energy are read together at the edges
     breakdown         one more untimed step under MemTracker (per-category peak)
     gather            every rank's numbers to rank 0, which appends the one record (results.py)
 
-Hydra is never involved here (style rule 20), so the same command runs under a cluster's own
+Hydra is never involved here, so the same command runs under a cluster's own
 `torchrun --nnodes N ...` given a spec file whose dp × degree matches the world size.
 
 Failures: an OOM (torch.OutOfMemoryError) or any other exception writes `<status_dir>/rank<R>.json`

@@ -3,9 +3,9 @@
 Nothing else in tspbench calls torch.distributed collectives directly. Each function is named for where
 the tensor goes, states its forward/backward pair, and takes an explicit `Comm` (a process group plus the
 `CommLog` it records into). Recording here is what lets tests assert the per-layer formulas of
-tsp-method.md §5 exactly, and what the estimate backend counts under a fake process group.
+docs/method.md#communication exactly, and what the estimate backend counts under a fake process group.
 
-Volume convention (`recv_numel`, elements received by this rank, bandwidth-optimal algorithms, anchors §4.3):
+Volume convention (`recv_numel`, elements received by this rank, bandwidth-optimal algorithms, docs/method.md#communication):
     all-gather (output n) and reduce-scatter (input n): n·(p−1)/p
     all-reduce (n): 2·n·(p−1)/p
     broadcast / reduce (n), rooted: n·(p−1)/p on every rank (the p−1 receiving ranks' volume averaged over

@@ -1,19 +1,19 @@
 """SP — the TSP paper's "SP": token sharding = context parallelism over a group of Σ ranks.
 
-Not Megatron-SP (that is `tp_msp`; tsp-method.md §7). Weights are replicated; rank p holds the zigzag
-token shard {chunk p, chunk 2Σ−1−p} of 2Σ chunks (A1), so every rank has one early and one late chunk and
+Not Megatron-SP (that is `tp_msp`; docs/method.md#naming). Weights are replicated; rank p holds the zigzag
+token shard {chunk p, chunk 2Σ−1−p} of 2Σ chunks (docs/method.md#choice-zigzag), so every rank has one early and one late chunk and
 the causal work is equal. Everything token-wise (embedding, norms, residuals, RoPE at global positions,
 MLP, LM head) runs unchanged on the shard; only attention needs other ranks' tokens.
 
 Maths. Attention of rank p: O_p = softmax(Q_p·K_{≤pos}ᵀ/√d)·V_{≤pos}, with Q_p = X_p·W_Qᵀ from local tokens
-and K, V of the whole sequence. Two ways to obtain K, V (A4; `par.sp_variant`):
+and K, V of the whole sequence. Two ways to obtain K, V (docs/method.md#choice-sp-variant; `par.sp_variant`):
     allgather (default)  all-gather K and V along the sequence, un-zigzag, causal attention per local chunk
     ring                 Σ−1 peer-to-peer K/V hops with an online-softmax merge (ring_attention.py)
 
 Communication per layer (n = B·S·(h/g) elements = one full-sequence K or V):
     forward   allgather: 2 all-gathers (K, V), output n each     ring: Σ−1 send/recv hops of packed [K; V]
     backward  allgather: 2 reduce-scatters (dK, dV), input n each ring: Σ−1 reverse hops of [dK; dV]
-    volume    2·B·S·(h/g)·(Σ−1)/Σ received per rank forward (tsp-method.md §5), the same backward; the
+    volume    2·B·S·(h/g)·(Σ−1)/Σ received per rank forward (docs/method.md#communication), the same backward; the
               ring moves the same bytes point-to-point.
 No activation all-reduce: ranks own different tokens. Each replicated weight sees only local tokens, so its
 gradient is a partial sum, completed by one all-reduce over the group after backward (finish_grad_sync;

@@ -7,7 +7,7 @@ intermediate dim, down row-parallel: Y = Σ_t (silu(X·W_g^tᵀ) ⊙ X·W_u^tᵀ
 Communication per layer (B·S·h elements each):
     forward   f = identity, g = all-reduce   → 2 all-reduces (after attention, after MLP)
     backward  f = all-reduce, g = identity   → 2 all-reduces
-    volume    4·B·S·h·(T−1)/T received per rank forward (tsp-method.md §5), the same backward.
+    volume    4·B·S·h·(T−1)/T received per rank forward (docs/method.md#communication), the same backward.
 Tokens are replicated: every rank runs norms and residuals on the full sequence, so the (replicated) norm
 weights get identical gradients and need no reduction. Embedding and LM head are split by vocabulary
 (schemes/vocab.py): one more all-reduce after the embedding, the LM head's f, and three B·S-scalar

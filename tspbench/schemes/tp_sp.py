@@ -1,6 +1,6 @@
 """TP×SP — the 2-D baseline: tensor degree T (mesh axis "tp", innermost) × token degree Σ (axis "sp").
 
-T·Σ ranks per replica (tsp-method.md §7, "TP+SP"). Rank (σ, t) holds weight shard t of every layer, sliced
+T·Σ ranks per replica (docs/method.md#naming, "TP+SP"). Rank (σ, t) holds weight shard t of every layer, sliced
 exactly as in `tp`, and zigzag token shard σ, exactly as in `sp`.
 
 Maths. Attention: rank (σ, t) projects its tokens X_σ onto heads t (column-parallel Q, K, V), exchanges
@@ -14,7 +14,7 @@ a head shard):
               sp: 2 all-gathers, output n (K, V) — or Σ−1 ring hops of [K; V]   2·n·(Σ−1)/Σ
     backward  tp: 2 all-reduces of a (the f's: attention and MLP inputs)   the same
               sp: 2 reduce-scatters, input n (dK, dV) — or Σ−1 reverse hops
-    volume    4·B·(S/Σ)·h·(T−1)/T + 2·B·S·(h/(g·T))·(Σ−1)/Σ per rank forward (tsp-method.md §5).
+    volume    4·B·(S/Σ)·h·(T−1)/T + 2·B·S·(h/(g·T))·(Σ−1)/Σ per rank forward (docs/method.md#communication).
 Embedding and LM head are split by vocabulary over tp (schemes/vocab.py; replicated when T = 1, as in sp):
 logits [B, S/Σ, V/T]; the cross-entropy's all-reduces run over tp, the loss shares sum over sp.
 Each weight shard (and each vocabulary slice and replicated norm weight) is used by the Σ ranks of an sp

@@ -2,31 +2,31 @@
 
 Each rank p holds 1/D of every attention and MLP weight (owner shard p: heads p·n_h/D … and their n_kv/D
 KV heads; intermediate channels p·F·h/D …) AND 1/D of the tokens (zigzag: chunks p and 2D−1−p of 2D).
-Weights move at run time, activations stay put (tsp-method.md §3).
+Weights move at run time, activations stay put (docs/method.md#tsp).
 
-Attention (§3.2), rank p, local tokens X_p:
+Attention (docs/method.md#tsp-attention), rank p, local tokens X_p:
     for r in 0 … D−1:   W_r = broadcast(packed W_Q,K,V,O shard, src=r)
                         Q = X_p·W_Qrᵀ;  K, V = all_gather_seq(X_p·W_Krᵀ, X_p·W_Vrᵀ)  (shard r's heads, all S tokens)
                         Y_p += causal_attn(Q, K, V)·W_Orᵀ                           (local sum: no all-reduce)
-Gated MLP (§3.3): shards travel a ring (send to p+1, receive from p−1), double-buffered so shard t+1 is in
+Gated MLP (docs/method.md#tsp-mlp): shards travel a ring (send to p+1, receive from p−1), double-buffered so shard t+1 is in
 flight while shard t computes; Y_p += SwiGLU_t(X_p) accumulates locally.
 
-Backward (A7, our design): attention re-broadcasts each shard and re-gathers its K/V (each owner step is
+Backward (docs/method.md#choice-backward, our design): attention re-broadcasts each shard and re-gathers its K/V (each owner step is
 recomputed, so nothing of size S is kept per shard); each shard's weight gradient is reduced to its owner
 (the dual of the broadcast) and dK/dV are reduce-scattered back to the token owners (the dual of the
 all-gather). The MLP re-circulates the weights and a gradient accumulator travels behind each shard, picking
 up every rank's partial dW and arriving summed at the owner after D−1 hops (a ring reduce-scatter). dX
-stays local. Norms, embedding and LM head are replicated and run on local tokens (A9), so their gradients
+stays local. Norms, embedding and LM head are replicated and run on local tokens (docs/method.md#choice-embedding), so their gradients
 are all-reduced over the group; with vocab=ring the embedding and LM head are sharded 1/D and travel the
-same weight ring as the MLP (schemes/vocab_ring.py, A9 (b)).
+same weight ring as the MLP (schemes/vocab_ring.py, docs/method.md#choice-embedding).
 
 Communication per layer per rank, forward (elements received; W = (2+2/g+3F)·h² weights, K = 2·B·S·h/g):
     D broadcasts of (2+2/g)·h²/D  +  D−1 ring hops of 3F·h²/D   → W·(D−1)/D
     D all-gathers of 2·B·S·h/(g·D)                              → K·(D−1)/D
 backward: the broadcasts and all-gathers again (recompute), D reduces (attention dW), D reduce-scatters
 (dK/dV), D−1 weight hops + D−1 gradient hops (MLP): (2W + 2K)·(D−1)/D, so 3W + 3K per layer in forward +
-backward. (tsp-method.md §5's 3W + 2K assumes the gathered K/V are kept from the forward instead of
-re-gathered; A7's default, followed here, re-gathers them.)
+backward. (docs/method.md#communication's 3W + 2K assumes the gathered K/V are kept from the forward instead of
+re-gathered; docs/method.md#choice-backward's default, followed here, re-gathers them.)
 """
 from __future__ import annotations
 
@@ -162,7 +162,7 @@ class TSPMLP(nn.Module):
         self.comm = comm
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.decoding:   # one replicated token: my channels in place, partial sums all-reduced (A10)
+        if self.decoding:   # one replicated token: my channels in place, partial sums all-reduced (docs/method.md#choice-decode)
             return reduce_from_region(swiglu(x, self.w_gate, self.w_up, self.w_down), self.comm)
         return _RingMLP.apply(x, self.w_gate, self.w_up, self.w_down, self.comm)
 
@@ -175,6 +175,6 @@ def apply(cfg: ModelConfig, par: ParallelConfig, args: ApplyArgs) -> ParallelMod
         block.attention = TSPAttention(shard_block_weights(block.attention, f"layers.{i}.attention", ATTN_SPLIT,
                                                            comm, args, shards), comm, layout, cfg)
         block.mlp = TSPMLP(shard_block_weights(block.mlp, f"layers.{i}.mlp", MLP_SPLIT, comm, args, shards), comm)
-    vocab = ring_vocab(module, cfg, comm, args, shards) if par.vocab == "ring" else None   # A9 (b)
+    vocab = ring_vocab(module, cfg, comm, args, shards) if par.vocab == "ring" else None   # docs/method.md#choice-embedding
     materialise_replicated(module, shards, args.seed, args.dtype, args.device, grad_sum=comm)
     return ParallelModel(module, par, check_shards(module, shards), layout, comm, args.comm("dp"), args.log, vocab)

@@ -1,5 +1,5 @@
 """Closed-form communication: elements received per device per layer (training, forward, decode), at the
-embedding and LM head, in the per-step gradient sync, and the TSP/TP crossover (tsp-method.md §5).
+embedding and LM head, in the per-step gradient sync, and the TSP/TP crossover (docs/method.md#communication).
 
 Imports only the parameter layer (params.py); the tests bind each formula to the
 collectives the scheme code issues (tests/test_accounting.py, tests/test_decode.py).
@@ -15,7 +15,7 @@ from tspbench.predict.costmodel.params import layer_weight_params, layout, repli
 # ---------------------------------------------------------------------------------------------- comm
 def comm_per_layer(model: ModelConfig, par: ParallelConfig, seq_len: int, batch: int, *,
                    mode: str = "forward", regather_kv: bool = False) -> dict:
-    """Elements received per device per layer, by kind (tsp-method.md §5), plus per-step `grad_sync`.
+    """Elements received per device per layer, by kind (docs/method.md#communication), plus per-step `grad_sync`.
 
     Forward (bandwidth-optimal collectives, N = B·S):
         tp, tp_msp  activations 4·N·h·(T−1)/T          (2 all-reduces, or 2 all-gather + reduce-scatter pairs)
@@ -26,7 +26,7 @@ def comm_per_layer(model: ModelConfig, par: ParallelConfig, seq_len: int, batch:
     Backward, no recompute: TP repeats its all-reduces; SP/TP×SP reduce-scatter dK/dV (= kv); TSP re-sends
     the weights (W) and reduces the weight gradients to their owners (W) and reduce-scatters dK/dV (K), so
     TSP is 3W + 2K forward + backward. `regather_kv=True` adds one K/V all-gather to the backward of
-    sp/tp_sp/tsp (tsp-method.md A7 default; §5's 3W + 2K omits it). Full recompute adds one more forward.
+    sp/tp_sp/tsp (docs/method.md#choice-backward default; the 3W + 2K of docs/method.md#communication keeps K/V instead). Full recompute adds one more forward.
     `grad_sync` is per step, not per layer: the all-reduce over the group of gradients that ranks holding
     different tokens compute for the same weights (ring all-reduce: 2·n·(p−1)/p received).
     """
@@ -155,7 +155,7 @@ def crossover_tokens(model: ModelConfig, degree: int, mode: str = "forward") -> 
 
     Forward: W·(D−1)/D + 2N(h/g)(D−1)/D ≤ 4Nh(D−1)/D  ⇔  N ≥ W / (h·(4 − 2/g));
         W = (2 + 2/g)h² + 3·ffn·h, so g = 1, ffn = 4h gives N ≥ 16h²/2h = 8h.
-    Train (no recompute, §5): 3W + 2K ≤ 8Nh  ⇔  N ≥ 3W / (h·(8 − 4/g)), i.e. 12h for g = 1, ffn = 4h.
+    Train (no recompute, K/V kept from the forward): 3W + 2K ≤ 8Nh  ⇔  N ≥ 3W / (h·(8 − 4/g)), i.e. 12h for g = 1, ffn = 4h.
     (D−1)/D cancels, so `degree` only matters through degree ≥ 2.
     """
     if degree < 2:

@@ -69,7 +69,7 @@ def layer_weight_params(model: ModelConfig) -> int:
 
 
 def non_embedding_params(model: ModelConfig) -> int:
-    """L·W: 8,589,934,592 for llama7b (tsp-method.md §4)."""
+    """L·W: 8,589,934,592 for llama7b (docs/method.md#memory)."""
     return model.n_layers * layer_weight_params(model)
 
 

@@ -52,7 +52,7 @@ def layer_collectives(model: ModelConfig, par: ParallelConfig, seq_len: int, bat
                       mode: str = "forward", regather_kv: bool = False) -> list[tuple[str, int, float, int, int]]:
     """The collectives of one layer: (op, group size p, tensor elements n, span in ranks, count).
 
-    Forward as in tsp-method.md §3 / §5; backward mirrors comm_per_layer (same received volume).
+    Forward as in docs/method.md#tsp and #communication; backward mirrors comm_per_layer (same received volume).
     """
     lay, h, g, n = layout(par), model.dim, model.gqa_ratio, batch * seq_len
     s, t, sig = par.scheme, lay.tp, lay.sp

@@ -1,17 +1,17 @@
-"""Serving: KV-cache prefill and one-token decode for every scheme (tsp-method.md §3.6, A10).
+"""Serving: KV-cache prefill and one-token decode for every scheme (docs/method.md#serving, docs/method.md#choice-decode).
 
 Prefill is each scheme's own forward with a KV cache switched on (`ParallelModel.start_kv_cache`). Every
 scheme caches the K/V its forward already computes, so the cache is sharded like its heads and tokens:
     tp, tp_msp   this rank's heads × all tokens                     1/T of the cache
     sp           all heads × this rank's (zigzag) tokens             1/Σ
     tp_sp        this rank's heads × this rank's tokens              1/(T·Σ)
-    tsp          all heads × this rank's tokens (each owner step's   1/D   (tsp-method.md §3.6)
+    tsp          all heads × this rank's tokens (each owner step's   1/D   (docs/method.md#serving)
                  K/V of the local tokens, stacked in head order)
 Decode (`ParallelModel.decode`): one new token cannot be split D ways, so it is replicated on every rank.
   * Weights sharded by heads / channels (tp, tp_msp, tp_sp, tsp): Megatron's f and g: each rank applies
     its own shard and the attention output projection and the MLP are all-reduced. tp_msp turns sequence
     parallelism off for decode, as Megatron does for inference. tsp uses the shard it owns in place, so no
-    weight moves ("gather queries, not weights", A10).
+    weight moves ("gather queries, not weights", docs/method.md#choice-decode).
   * Cache sharded by tokens (sp, tp_sp, tsp): each rank attends the query to the keys it caches and gets a
     partial output o_r and log-sum-exp lse_r per head; the partials merge exactly (flash-decoding / tree
     attention):  o = Σ_r e^(lse_r − m)·o_r / Σ_r e^(lse_r − m),  m = max_r lse_r  (all-reduce MAX, SUM).

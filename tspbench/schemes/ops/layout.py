@@ -1,6 +1,6 @@
 """Sequence layouts: which global tokens a rank holds, and causal attention on such a shard.
 
-Zigzag (A1; ring-flash-attention `extract_local`, Megatron CP): split S into 2·D equal chunks; rank p
+Zigzag (docs/method.md#choice-zigzag; ring-flash-attention `extract_local`, Megatron CP): split S into 2·D equal chunks; rank p
 holds chunks p and 2D−1−p, so every rank gets one early and one late chunk and the causal work is equal.
 Contiguous: rank p holds chunk p of D (Megatron-SP's split; causal work unbalanced, which does not matter
 there because attention runs on the full, re-gathered sequence).

@@ -1,6 +1,6 @@
 """The weight ring TSP uses for every sharded weight that meets local tokens (the gated MLP, and with
 vocab=ring the embedding and the LM head): each rank's shard travels p → p+1, double-buffered so the next
-shard is in flight while the current one computes (tsp-method.md §3.3).
+shard is in flight while the current one computes (docs/method.md#tsp-mlp).
 
     forward    `ring_forward`: D steps; at step t rank p holds shard (p − t) mod D; D − 1 hops of one shard.
     backward   `ring_backward`: the shards circulate again (when the gradient needs them) and a gradient

@@ -12,7 +12,7 @@ Step 0 is the rank's own block, which contains every query's own position, so ev
 max from the start; later blocks may mask a row completely and then contribute exp(−∞) = 0.
 
 Communication: Σ−1 hops, each one packed [K; V] shard of 2·B·(S/Σ)·(h/g) elements, i.e.
-2·B·S·(h/g)·(Σ−1)/Σ received per rank forward, the same bytes as the K/V all-gather (tsp-method.md §5).
+2·B·S·(h/g)·(Σ−1)/Σ received per rank forward, the same bytes as the K/V all-gather (docs/method.md#communication).
 Backward: autograd sends each hop's gradient back along the reverse hop (`shift_ring`), the same volume;
 the ring's sum of those partial dK/dV is what the all-gather's reduce-scatter computes.
 

@@ -5,7 +5,7 @@ Why. With a replicated head every TP rank computes all B·S·V logits in fp32 an
 and head with their optimizer state: for llama7b at 128K that is ≈ 50 GB per rank, more than every block
 together. Megatron, torchtitan and NeMo all split the vocabulary over the tensor group; a TP baseline
 without it is a strawman. sp and tsp keep the replicated head (tokens are already sharded, so their logits
-are 1/D per rank; tsp-method.md A9).
+are 1/D per rank; docs/method.md#choice-embedding).
 
 Maths. Rank t of T holds rows [t·V/T, (t+1)·V/T) of the embedding E and of the LM head W.
     embedding  x = Σ_t E_t[token] — a token outside shard t contributes a zero row — so the shards'

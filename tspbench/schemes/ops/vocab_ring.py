@@ -1,4 +1,4 @@
-"""TSP with `vocab=ring` (tsp-method.md A9 (b)): the embedding and the LM head are sharded 1/D by vocabulary
+"""TSP with `vocab=ring` (docs/method.md#choice-embedding): the embedding and the LM head are sharded 1/D by vocabulary
 like every other TSP weight, and meet the local tokens on the same weight ring as the MLP (schemes/ring.py).
 
 Maths. Rank p holds rows [p·V/D, (p+1)·V/D) of the embedding E and of the LM head W, and 1/D of the tokens.
