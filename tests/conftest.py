@@ -1,4 +1,5 @@
 """Shared fixtures: the parity matrix runs once per world size per session (one spawn each)."""
+
 from __future__ import annotations
 
 import pytest
@@ -19,6 +20,7 @@ def parity_results():
             results = run_cases(cases, world)
             cache[world] = {case_id(vc, b): r for (vc, b), r in zip(cases, results)}
         return cache[world]
+
     return get
 
 

@@ -4,6 +4,7 @@ D = 8 for tsp and sp, DP replicas, the ring variant, and deliberately broken var
 Cases are grouped by world size so each group runs in ONE spawned rank group (spawning is the slow part
 on a 2-core machine).
 """
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -12,15 +13,29 @@ from tspbench.config import ModelConfig
 from tspbench.verify.case import VerifyConfig
 
 MHA = ModelConfig(name="tiny", vocab_size=128, dim=64, n_layers=2, n_heads=8, n_kv_heads=8, ffn_hidden=128)
-GQA = replace(MHA, name="tiny_gqa", n_kv_heads=4)            # g = 2, n_kv divisible by D ≤ 4
+GQA = replace(MHA, name="tiny_gqa", n_kv_heads=4)  # g = 2, n_kv divisible by D ≤ 4
 GQA8 = replace(MHA, name="tiny_gqa8", n_heads=16, n_kv_heads=8)  # g = 2 at D = 8
 
 # (scheme, sp_variant, tp) for a group of `degree` ranks
 VARIANTS = {
-    2: [("tp", "allgather", 0), ("tp_msp", "allgather", 0), ("sp", "allgather", 0), ("sp", "ring", 0),
-        ("tsp", "allgather", 0), ("tp_sp", "allgather", 1), ("tp_sp", "allgather", 2)],
-    4: [("tp", "allgather", 0), ("tp_msp", "allgather", 0), ("sp", "allgather", 0), ("sp", "ring", 0),
-        ("tsp", "allgather", 0), ("tp_sp", "allgather", 2), ("tp_sp", "ring", 2)],
+    2: [
+        ("tp", "allgather", 0),
+        ("tp_msp", "allgather", 0),
+        ("sp", "allgather", 0),
+        ("sp", "ring", 0),
+        ("tsp", "allgather", 0),
+        ("tp_sp", "allgather", 1),
+        ("tp_sp", "allgather", 2),
+    ],
+    4: [
+        ("tp", "allgather", 0),
+        ("tp_msp", "allgather", 0),
+        ("sp", "allgather", 0),
+        ("sp", "ring", 0),
+        ("tsp", "allgather", 0),
+        ("tp_sp", "allgather", 2),
+        ("tp_sp", "ring", 2),
+    ],
 }
 
 
@@ -40,8 +55,18 @@ def case_id(vc: VerifyConfig, breakage: str | None) -> str:
 
 
 def _vc(model, scheme, degree, variant="allgather", tp=0, dp=1, recompute="none") -> VerifyConfig:
-    return VerifyConfig(model=model, scheme=scheme, degree=degree, tp=tp, dp=dp, sp_variant=variant,
-                        recompute=recompute, seq_len=32, batch=2, dtype="float64")
+    return VerifyConfig(
+        model=model,
+        scheme=scheme,
+        degree=degree,
+        tp=tp,
+        dp=dp,
+        sp_variant=variant,
+        recompute=recompute,
+        seq_len=32,
+        batch=2,
+        dtype="float64",
+    )
 
 
 def cases_for_world(world: int) -> list[tuple[VerifyConfig, str | None]]:
@@ -71,22 +96,27 @@ def cases_for_world(world: int) -> list[tuple[VerifyConfig, str | None]]:
                 out.append((replace(_vc(MHA, scheme, 2, variant, tp), dtype=dtype), None))
     if world == 2:
         # Non-vacuity: each bug must FAIL the very comparison the real code passes.
-        out += [(_vc(MHA, "tp", 2), "missing_allreduce"),
-                (_vc(MHA, "tp", 2), "unmasked_vocab_shard"),
-                (_vc(MHA, "tp", 2), "head_input_grad_not_reduced"),
-                (_vc(MHA, "tp_msp", 2), "unmasked_vocab_shard"),
-                (_vc(MHA, "tp_msp", 2), "missing_grad_sync"),
-                (_vc(MHA, "sp", 2), "wrong_zigzag_order"),
-                (_vc(MHA, "sp", 2), "missing_grad_sync"),
-                (_vc(MHA, "tsp", 2), "skipped_ring_hop"),
-                (_vc(MHA, "tsp", 2), "wrong_zigzag_order"),
-                (_vc(MHA, "tsp", 2), "no_reduce_to_owner"),
-                (_vc(MHA, "tsp", 2), "missing_grad_sync"),
-                (replace(_vc(MHA, "tsp", 2), vocab="ring"), "skipped_ring_hop"),
-                (replace(_vc(MHA, "tsp", 2), vocab="ring"), "ring_head_local_softmax")]
+        out += [
+            (_vc(MHA, "tp", 2), "missing_allreduce"),
+            (_vc(MHA, "tp", 2), "unmasked_vocab_shard"),
+            (_vc(MHA, "tp", 2), "head_input_grad_not_reduced"),
+            (_vc(MHA, "tp_msp", 2), "unmasked_vocab_shard"),
+            (_vc(MHA, "tp_msp", 2), "missing_grad_sync"),
+            (_vc(MHA, "sp", 2), "wrong_zigzag_order"),
+            (_vc(MHA, "sp", 2), "missing_grad_sync"),
+            (_vc(MHA, "tsp", 2), "skipped_ring_hop"),
+            (_vc(MHA, "tsp", 2), "wrong_zigzag_order"),
+            (_vc(MHA, "tsp", 2), "no_reduce_to_owner"),
+            (_vc(MHA, "tsp", 2), "missing_grad_sync"),
+            (replace(_vc(MHA, "tsp", 2), vocab="ring"), "skipped_ring_hop"),
+            (replace(_vc(MHA, "tsp", 2), vocab="ring"), "ring_head_local_softmax"),
+        ]
     if world == 4:
-        out += [(_vc(MHA, "tsp", 4), "skipped_ring_hop"), (_vc(MHA, "tp_sp", 4, tp=2), "wrong_zigzag_order"),
-                (_vc(MHA, "tp_sp", 4, tp=2), "head_input_grad_not_reduced")]
+        out += [
+            (_vc(MHA, "tsp", 4), "skipped_ring_hop"),
+            (_vc(MHA, "tp_sp", 4, tp=2), "wrong_zigzag_order"),
+            (_vc(MHA, "tp_sp", 4, tp=2), "head_input_grad_not_reduced"),
+        ]
     return out
 
 
@@ -94,7 +124,8 @@ def decode_cases_for_world(world: int) -> list[tuple[VerifyConfig, str | None]]:
     """Serving: prefill 32 tokens, decode a multiple of the group size (4; 8 at D = 8), so the cache is balanced."""
     out: list[tuple[VerifyConfig, str | None]] = []
     dec = lambda model, scheme, degree, variant="allgather", tp=0, dp=1: replace(  # noqa: E731
-        _vc(model, scheme, degree, variant, tp, dp), decode_steps=4)
+        _vc(model, scheme, degree, variant, tp, dp), decode_steps=4
+    )
     if world in VARIANTS:
         for scheme, variant, tp in VARIANTS[world]:
             for model in (MHA, GQA):
@@ -104,8 +135,12 @@ def decode_cases_for_world(world: int) -> list[tuple[VerifyConfig, str | None]]:
     if world == 8:
         out += [(replace(dec(GQA8, "tsp", 8), decode_steps=8), None)]
     if world == 2:  # non-vacuity: the same comparison must fail
-        out += [(dec(MHA, "tsp", 2), "decode_cached_everywhere"), (dec(MHA, "sp", 2), "decode_cached_everywhere"),
-                (dec(MHA, "tp", 2), "missing_allreduce"), (dec(MHA, "tsp", 2), "missing_allreduce")]
+        out += [
+            (dec(MHA, "tsp", 2), "decode_cached_everywhere"),
+            (dec(MHA, "sp", 2), "decode_cached_everywhere"),
+            (dec(MHA, "tp", 2), "missing_allreduce"),
+            (dec(MHA, "tsp", 2), "missing_allreduce"),
+        ]
     return out
 
 

@@ -1,4 +1,5 @@
 """Find worker processes left behind by a test (by a marker in their command line)."""
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,6 +1,7 @@
 """Collective accounting: what each scheme issues per layer equals the formulas of docs/method.md#communication exactly
 (elements received per rank, bandwidth-optimal volume convention in tspbench.schemes.comm), and the
 analytic cost model (tspbench.predict.costmodel.comm_per_layer) predicts the same numbers as the code counts."""
+
 from __future__ import annotations
 
 import pytest
@@ -30,8 +31,8 @@ def formula_fwd(vc) -> float:
 
 def formula_bwd(vc) -> float:
     """No recompute. TP/Megatron-SP mirror their forward collectives; SP/TP×SP reduce-scatter dK/dV (ring:
-    reverse hops of the same size); TSP re-broadcasts and re-gathers (docs/method.md#choice-backward), reduces dW to owners, reduce-
-    scatters dK/dV and runs a second weight ring plus a gradient ring: 2W + 2K."""
+    reverse hops of the same size); TSP re-broadcasts and re-gathers (docs/method.md#choice-backward), reduces dW
+    to owners, reduce-scatters dK/dV and runs a second weight ring plus a gradient ring: 2W + 2K."""
     f = formula_fwd(vc)
     return 2 * f if vc.scheme == "tsp" else f
 
@@ -54,13 +55,14 @@ def test_layer_volume_equals_formula(parity_results, cid):
 def test_cost_model_predicts_counted_volume(parity_results, cid):
     world, vc, _ = ALL[cid]
     got = parity_results(world)[cid]["comm_layer0"]
-    pred = comm_per_layer(vc.model, vc.parallel(), vc.seq_len, vc.batch, mode="train",
-                          regather_kv=vc.scheme == "tsp")
+    pred = comm_per_layer(vc.model, vc.parallel(), vc.seq_len, vc.batch, mode="train", regather_kv=vc.scheme == "tsp")
     assert pred["fwd_total"] == pytest.approx(got["fwd"], rel=1e-12)
     assert pred["bwd_total"] == pytest.approx(got["bwd"], rel=1e-12)
 
 
-@pytest.mark.parametrize("cid", [c for c in CASES if ALL[c][1].recompute == "none" and ALL[c][1].scheme in ("tp", "tsp")])
+@pytest.mark.parametrize(
+    "cid", [c for c in CASES if ALL[c][1].recompute == "none" and ALL[c][1].scheme in ("tp", "tsp")]
+)
 def test_collective_pattern(parity_results, cid):
     """Not just the volume: the ops. TP: 2 all-reduces forward. TSP: D broadcasts, D K/V all-gathers and
     D−1 weight-ring hops forward, and no all-reduce inside a layer."""
@@ -78,8 +80,9 @@ def test_collective_pattern(parity_results, cid):
         assert bwd.count("send_recv") == 2 * (D - 1)  # weight ring + gradient ring
 
 
-EDGE_CASES = [k for k, (w, vc, b) in ALL.items() if b is None and vc.scheme != "single" and vc.dp == 1
-              and vc.recompute == "none"]
+EDGE_CASES = [
+    k for k, (w, vc, b) in ALL.items() if b is None and vc.scheme != "single" and vc.dp == 1 and vc.recompute == "none"
+]
 
 
 @pytest.mark.parametrize("cid", EDGE_CASES)
@@ -98,6 +101,7 @@ def test_embedding_and_head_volume(parity_results, cid):
 def test_embed_head_formula_by_hand():
     """tp, T = 2, B·S = 64, h = 64: embed 2·64·64·½ = 4096; head 6·64·½ = 192 forward, 4096 backward."""
     from tspbench.config import ModelConfig, ParallelConfig
+
     m = ModelConfig(vocab_size=128, dim=64)
     got = comm_embed_head(m, ParallelConfig("tp", 2), 32, 2, mode="train")
     assert got == {"embed": {"fwd": 4096.0, "bwd": 0.0}, "head": {"fwd": 192.0, "bwd": 4096.0}}

@@ -1,5 +1,6 @@
 """Bad input stops before any rank is spawned, with one actionable line naming the field and the allowed
 values, and no traceback."""
+
 from __future__ import annotations
 
 import subprocess
@@ -32,6 +33,7 @@ BAD = [
 @pytest.mark.parametrize("argv,needle", BAD, ids=[" ".join(a) for a, _ in BAD])
 def test_bad_input_one_line(argv, needle, capsys, monkeypatch):
     import tspbench.verify.cli as v
+
     monkeypatch.setattr(v, "run_cases", lambda *a, **k: pytest.fail("ranks spawned for bad input"))
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
@@ -50,6 +52,7 @@ def test_world_size_mismatch_names_fields():
 
 
 def test_cli_exit_code_and_no_traceback():
-    p = subprocess.run([sys.executable, "-m", "tspbench.verify", "scheme=tsp", "degree=3"],
-                       capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-m", "tspbench.verify", "scheme=tsp", "degree=3"], capture_output=True, text=True, timeout=120
+    )
     assert p.returncode == 2 and "Traceback" not in p.stderr and p.stderr.count("\n") == 1

@@ -4,6 +4,7 @@ Golden numbers come from docs/method.md#memory (reference model h = 4096, L = 32
 Tolerances are the rounding of the published figures (two decimals in GB), so a wrong factor of (D−1)/D,
 a missing collective or a wrong element size fails them; the non-vacuity tests show that.
 """
+
 from __future__ import annotations
 
 from dataclasses import fields, replace
@@ -12,17 +13,34 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tspbench.paper.claims import load_claims
 from tspbench.config import ModelConfig, ParallelConfig
-from tspbench.predict.costmodel import (comm_buffer_bytes, comm_per_layer, crossover_tokens, flops_per_token,
-                                layer_activation_bytes, memory_phases,
-                                layer_weight_params, memory_breakdown, non_embedding_params, params_per_device,
-                                replicated_params)
-from tspbench.predict.costmodel.time import (HardwareProfile, cluster_throughput, collective_time_s, layer_collectives,
-                                     load_hardware, received_elems, step_time)
+from tspbench.paper.claims import load_claims
+from tspbench.predict.costmodel import (
+    comm_buffer_bytes,
+    comm_per_layer,
+    crossover_tokens,
+    flops_per_token,
+    layer_activation_bytes,
+    layer_weight_params,
+    memory_breakdown,
+    memory_phases,
+    non_embedding_params,
+    params_per_device,
+    replicated_params,
+)
+from tspbench.predict.costmodel.time import (
+    HardwareProfile,
+    cluster_throughput,
+    collective_time_s,
+    layer_collectives,
+    load_hardware,
+    received_elems,
+    step_time,
+)
 
-LLAMA7B = ModelConfig(name="llama7b", vocab_size=32000, dim=4096, n_layers=32, n_heads=32, n_kv_heads=32,
-                      ffn_hidden=16384)
+LLAMA7B = ModelConfig(
+    name="llama7b", vocab_size=32000, dim=4096, n_layers=32, n_heads=32, n_kv_heads=32, ffn_hidden=16384
+)
 S128K = 131072
 HW_DIR = Path(__file__).resolve().parents[1] / "conf" / "hardware"
 HW_NAMES = ("mi300x", "h100", "h200", "cpu")
@@ -34,7 +52,8 @@ def fwd_gb(scheme: str, degree: int = 8, tp: int = 0, seq_len: int = S128K) -> f
     return c["fwd_total"] * 2 / 1e9
 
 
-# ---------------------------------------------------------------------------------------------- communication (docs/method.md#communication)
+# ---------------------------------------------------------------------------------------------- communication
+# (docs/method.md#communication)
 def test_worked_comm_numbers_per_layer():
     # docs/method.md#communication table: B = 1, S = 128K, D = T = 8, bf16; figures rounded to 0.01 GB
     tsp = comm_per_layer(LLAMA7B, ParallelConfig(scheme="tsp", degree=8), S128K, 1)["fwd"]
@@ -62,19 +81,30 @@ def test_train_volumes_follow_section5():
     par = ParallelConfig(scheme="tsp", degree=8)
     c = comm_per_layer(LLAMA7B, par, S128K, 1, mode="train")
     w, k = c["fwd"]["weights"], c["fwd"]["kv"]
-    assert c["fwd_total"] + c["bwd_total"] == pytest.approx(3 * w + 2 * k)          # TSP 3W + 2K
+    assert c["fwd_total"] + c["bwd_total"] == pytest.approx(3 * w + 2 * k)  # TSP 3W + 2K
     tp = comm_per_layer(LLAMA7B, ParallelConfig(scheme="tp", degree=8), S128K, 1, mode="train")
-    assert tp["bwd_total"] == pytest.approx(tp["fwd_total"])                          # TP repeats its all-reduces
+    assert tp["bwd_total"] == pytest.approx(tp["fwd_total"])  # TP repeats its all-reduces
     rc = comm_per_layer(LLAMA7B, replace(par, recompute="full"), S128K, 1, mode="train")
-    assert rc["bwd_total"] == pytest.approx(c["bwd_total"] + c["fwd_total"])          # + one forward
-    assert comm_per_layer(LLAMA7B, par, S128K, 1)["bwd_total"] == 0                   # forward mode
+    assert rc["bwd_total"] == pytest.approx(c["bwd_total"] + c["fwd_total"])  # + one forward
+    assert comm_per_layer(LLAMA7B, par, S128K, 1)["bwd_total"] == 0  # forward mode
     # grad_sync is per step: tsp all-reduces only the replicated (norm, embedding, LM-head) gradients
     assert c["grad_sync"] == pytest.approx(2 * replicated_params(LLAMA7B) * 7 / 8)
     assert comm_per_layer(LLAMA7B, ParallelConfig(scheme="tp", degree=8), S128K, 1, mode="train")["grad_sync"] == 0
 
 
-@pytest.mark.parametrize("scheme,degree,tp", [("tp", 8, 0), ("tp_msp", 8, 0), ("sp", 8, 0), ("tp_sp", 8, 2),
-                                              ("tp_sp", 8, 4), ("tsp", 8, 0), ("tsp", 4, 0), ("single", 1, 0)])
+@pytest.mark.parametrize(
+    "scheme,degree,tp",
+    [
+        ("tp", 8, 0),
+        ("tp_msp", 8, 0),
+        ("sp", 8, 0),
+        ("tp_sp", 8, 2),
+        ("tp_sp", 8, 4),
+        ("tsp", 8, 0),
+        ("tsp", 4, 0),
+        ("single", 1, 0),
+    ],
+)
 @pytest.mark.parametrize("mode,recompute", [("forward", "none"), ("train", "none"), ("train", "full")])
 def test_collective_schedule_matches_closed_form(scheme, degree, tp, mode, recompute):
     # the α–β schedule (op by op) and the closed-form volumes must describe the same traffic
@@ -83,8 +113,8 @@ def test_collective_schedule_matches_closed_form(scheme, degree, tp, mode, recom
     received = sum(count * received_elems(op, p, n) for op, p, n, _, count in colls)
     c = comm_per_layer(LLAMA7B, par, 8192, 2, mode=mode)
     assert received == pytest.approx(c["fwd_total"] + c["bwd_total"])
-    if colls:   # non-vacuity: dropping any one collective breaks the equality
-        op, p, n, _, count = colls[0]
+    if colls:  # non-vacuity: dropping any one collective breaks the equality
+        op, p, n, _, _count = colls[0]
         assert received - received_elems(op, p, n) != pytest.approx(c["fwd_total"] + c["bwd_total"])
 
 
@@ -94,8 +124,10 @@ def test_tp_sp_degenerates_to_tp_and_sp():
             a = comm_per_layer(LLAMA7B, ParallelConfig(scheme="tp_sp", degree=8, tp=8), seq, 1, mode=mode)
             b = comm_per_layer(LLAMA7B, ParallelConfig(scheme="tp", degree=8), seq, 1, mode=mode)
             assert a["fwd_total"] + a["bwd_total"] == pytest.approx(b["fwd_total"] + b["bwd_total"])
-        for pair in ((ParallelConfig(scheme="tp_sp", degree=8, tp=8), ParallelConfig(scheme="tp", degree=8)),
-                     (ParallelConfig(scheme="tp_sp", degree=8, tp=1), ParallelConfig(scheme="sp", degree=8))):
+        for pair in (
+            (ParallelConfig(scheme="tp_sp", degree=8, tp=8), ParallelConfig(scheme="tp", degree=8)),
+            (ParallelConfig(scheme="tp_sp", degree=8, tp=1), ParallelConfig(scheme="sp", degree=8)),
+        ):
             ma, mb = (memory_breakdown(LLAMA7B, replace(p, recompute="full"), seq, 1) for p in pair)
             # Same state exactly; the working set may differ by one copy: tp_sp with Σ = 1 still attends
             # through attend_shard (two zigzag chunks + cat), whose flattened output W_O saves (Geometry.chunked).
@@ -110,7 +142,7 @@ def test_crossover_is_8h_forward_and_12h_train():
     # at the crossover TSP ≤ TP, one token below it TSP > TP
     assert fwd_gb("tsp", seq_len=32768) <= fwd_gb("tp", seq_len=32768) + 1e-12
     assert fwd_gb("tsp", seq_len=32767) > fwd_gb("tp", seq_len=32767)
-    gqa = replace(LLAMA7B, n_kv_heads=8)                     # g = 4: B·S ≥ 4.1h (docs/method.md#communication)
+    gqa = replace(LLAMA7B, n_kv_heads=8)  # g = 4: B·S ≥ 4.1h (docs/method.md#communication)
     assert crossover_tokens(gqa, 8) / 4096 == pytest.approx(4.14, abs=0.01)
     with pytest.raises(ValueError):
         crossover_tokens(LLAMA7B, 1)
@@ -124,9 +156,9 @@ def test_parameter_count_and_state_bytes():
     for grad_dtype, k in ((None, 16), ("float32", 18)):
         m = memory_phases(LLAMA7B, par, S128K, 1, grad_dtype=grad_dtype)["optimizer"]  # every grad exists
         state = m["params"] + m["grads"] + m["optimizer"]
-        sharded_state = state - k * replicated_params(LLAMA7B)         # embedding + LM head + norms on every rank
+        sharded_state = state - k * replicated_params(LLAMA7B)  # embedding + LM head + norms on every rank
         assert sharded_state == pytest.approx(k * non_embedding_params(LLAMA7B) / 8)
-    assert 16 * non_embedding_params(LLAMA7B) / 8 / 1e9 == pytest.approx(17.18, abs=0.005)   # 17.2 GB/rank
+    assert 16 * non_embedding_params(LLAMA7B) / 8 / 1e9 == pytest.approx(17.18, abs=0.005)  # 17.2 GB/rank
     # sp replicates every weight; TP shards them like TSP
     sp = memory_breakdown(LLAMA7B, ParallelConfig(scheme="sp", degree=8), S128K, 1)
     assert sp["params"] == pytest.approx(2 * (non_embedding_params(LLAMA7B) + replicated_params(LLAMA7B)))
@@ -141,8 +173,16 @@ def test_parameter_count_and_state_bytes():
 
 def test_memory_keys_and_total():
     m = memory_breakdown(LLAMA7B, ParallelConfig(scheme="tsp", degree=8), 16384, 1)
-    assert list(m) == ["params", "grads", "optimizer", "activations", "temporaries", "comm_buffers", "kv_cache",
-                       "total"]
+    assert list(m) == [
+        "params",
+        "grads",
+        "optimizer",
+        "activations",
+        "temporaries",
+        "comm_buffers",
+        "kv_cache",
+        "total",
+    ]
     assert m["total"] == pytest.approx(sum(v for k, v in m.items() if k != "total"))
     assert m["kv_cache"] == 0
 
@@ -155,12 +195,14 @@ def test_activation_sharding():
     scheme's own choice and is asserted here as such."""
     single = layer_activation_bytes(LLAMA7B, ParallelConfig(), S128K, 1)
     assert single == S128K * 229_768
-    per = {s: layer_activation_bytes(LLAMA7B, ParallelConfig(scheme=s, degree=8), S128K, 1) * 8 / single
-           for s in ("tsp", "tp_msp", "sp", "tp")}
-    assert per["tsp"] < 1          # below 1/D: owner steps are recomputed, only block inputs are kept
-    assert 1 < per["sp"] < 2       # 1/D of everything but the full-sequence K/V the all-gather saves
-    assert 1 < per["tp_msp"] < 2   # 1/D but the all-gathered GEMM inputs
-    assert per["tp"] > 2.5         # TP replicates norms, residuals and GEMM inputs
+    per = {
+        s: layer_activation_bytes(LLAMA7B, ParallelConfig(scheme=s, degree=8), S128K, 1) * 8 / single
+        for s in ("tsp", "tp_msp", "sp", "tp")
+    }
+    assert per["tsp"] < 1  # below 1/D: owner steps are recomputed, only block inputs are kept
+    assert 1 < per["sp"] < 2  # 1/D of everything but the full-sequence K/V the all-gather saves
+    assert 1 < per["tp_msp"] < 2  # 1/D but the all-gathered GEMM inputs
+    assert per["tp"] > 2.5  # TP replicates norms, residuals and GEMM inputs
     none = memory_breakdown(LLAMA7B, ParallelConfig(scheme="tsp", degree=8), S128K, 1)
     full = memory_breakdown(LLAMA7B, ParallelConfig(scheme="tsp", degree=8, recompute="full"), S128K, 1)
     assert full["activations"] < none["activations"]
@@ -176,16 +218,18 @@ def test_tsp_buffers_and_forward_mode():
     assert 2 * shard / 1e6 == pytest.approx(100.7, abs=0.05)
     f = memory_breakdown(LLAMA7B, ParallelConfig(scheme="tsp", degree=8), S128K, 1, mode="forward")
     assert f["grads"] == f["optimizer"] == f["activations"] == 0
-    assert f["kv_cache"] == pytest.approx(2 * 32 * S128K * 4096 * 2 / 8)           # KV / D
+    assert f["kv_cache"] == pytest.approx(2 * 32 * S128K * 4096 * 2 / 8)  # KV / D
     tp = memory_breakdown(LLAMA7B, ParallelConfig(scheme="tp", degree=8), S128K, 1, mode="forward")
-    assert tp["kv_cache"] == pytest.approx(f["kv_cache"])                          # KV / T
+    assert tp["kv_cache"] == pytest.approx(f["kv_cache"])  # KV / T
 
 
 # ---------------------------------------------------------------------------------------------- FLOPs / time
 def test_flops_per_token():
     n, s = non_embedding_params(LLAMA7B), S128K
     # one layer at 128K: 0.54 GF linear + 1.07 GF causal attention = 1.61 GF (docs/method.md#plausibility-173m)
-    assert flops_per_token(LLAMA7B, s, mode="forward", causal_halved=True, layers=1) / 1e9 == pytest.approx(1.61, abs=0.005)
+    assert flops_per_token(LLAMA7B, s, mode="forward", causal_halved=True, layers=1) / 1e9 == pytest.approx(
+        1.61, abs=0.005
+    )
     # PaLM / torchtitan: 6N + 12·L·h·S, no causal halving, no embedding or LM head
     palm = flops_per_token(LLAMA7B, s, mode="train", causal_halved=False, include_lm_head=False)
     assert palm == pytest.approx(6 * n + 12 * 32 * 4096 * s)
@@ -203,7 +247,8 @@ def test_alpha_beta_toy():
     assert collective_time_s("allreduce", 1, n, bw, a) == 0
     # the all-reduce is the sum of a reduce-scatter and an all-gather
     assert collective_time_s("allreduce", 8, n, bw, a) == pytest.approx(
-        collective_time_s("reduce_scatter", 8, n, bw, a) + collective_time_s("allgather", 8, n, bw, a))
+        collective_time_s("reduce_scatter", 8, n, bw, a) + collective_time_s("allgather", 8, n, bw, a)
+    )
 
 
 def test_link_selection_and_overlap():
@@ -237,16 +282,26 @@ def test_cluster_throughput():
 def test_claims_load_with_sources():
     claims = load_claims()
     ids = {c["id"]: c for c in claims}
-    expected = {"mem_16k_tsp": 31.0, "mem_16k_tp": 31.5, "mem_128k_tsp": 38.8, "mem_128k_tp": 70.0,
-                "mem_128k_tpsp_a": 85.0, "mem_128k_tpsp_b": 140.0, "tput_1024_tsp": 173e6,
-                "tput_1024_tpsp_blog": 86e6, "tput_1024_tpsp_press": 66.3e6, "ratio_blog": 2.0, "ratio_press": 2.6}
+    expected = {
+        "mem_16k_tsp": 31.0,
+        "mem_16k_tp": 31.5,
+        "mem_128k_tsp": 38.8,
+        "mem_128k_tp": 70.0,
+        "mem_128k_tpsp_a": 85.0,
+        "mem_128k_tpsp_b": 140.0,
+        "tput_1024_tsp": 173e6,
+        "tput_1024_tpsp_blog": 86e6,
+        "tput_1024_tpsp_press": 66.3e6,
+        "ratio_blog": 2.0,
+        "ratio_press": 2.6,
+    }
     assert {k: ids[k]["value"] for k in expected} == expected
     for c in claims:
         assert c["source"] and c["note"], c["id"]
         assert c["label"] in ("[paper/blog]", "[secondary]"), c["id"]
         assert c["hardware"] == "mi300x"
         assert c["scheme"] in ("tsp", "tp", "tp_msp", "sp", "tp_sp")
-    assert ids["mem_128k_tpsp_a"]["tp"] is None                      # layout unknown (docs/method.md#choice-tpsp-layouts)
+    assert ids["mem_128k_tpsp_a"]["tp"] is None  # layout unknown (docs/method.md#choice-tpsp-layouts)
 
 
 @pytest.mark.parametrize("name", HW_NAMES)
@@ -254,11 +309,11 @@ def test_hardware_yaml_loads_with_sources(name):
     path = HW_DIR / f"{name}.yaml"
     assert path.read_text().splitlines()[0].strip() == "# @package hardware"
     data = yaml.safe_load(path.read_text())
-    assert set(data) <= {f.name for f in fields(HardwareProfile)}      # Hydra group keys = dataclass fields
+    assert set(data) <= {f.name for f in fields(HardwareProfile)}  # Hydra group keys = dataclass fields
     hw = load_hardware(name)
     assert hw.name == name and hw.sources
     assert hw.peak_flops_bf16 > 0 and hw.intra_node_bw >= hw.inter_node_bw and 0 < hw.matmul_efficiency <= 1
-    for line in path.read_text().splitlines()[1:]:                   # every number carries a comment
+    for line in path.read_text().splitlines()[1:]:  # every number carries a comment
         if line and not line.startswith(("#", " ", "sources")) and line.split(":", 1)[1].strip() not in ("", "null"):
             value = line.split(":", 1)[1].split("#")[0].strip()
             if value[:1].isdigit():
@@ -277,6 +332,7 @@ def test_hardware_datasheet_values():
 
 def test_hardware_is_a_hydra_group():
     from hydra import compose, initialize_config_dir
+
     with initialize_config_dir(config_dir=str(HW_DIR.parent), version_base=None):
         cfg = compose(config_name=None, overrides=["+hardware=mi300x"])
     assert cfg.hardware.name == "mi300x" and float(cfg.hardware.peak_flops_bf16) == 1307.4e12
@@ -285,11 +341,12 @@ def test_hardware_is_a_hydra_group():
 # ---------------------------------------------------------------------------------------------- paper
 def test_paper_tables():
     from tspbench.paper.tables import crossover_table, paper_memory_table, plausibility_173m
+
     mem = paper_memory_table()
     assert len(mem) == 12 and mem.claim.notna().sum() == 6
     assigned = mem.set_index("claim_id").layout
     assert assigned["mem_128k_tpsp_a"] == "TP×SP T=2×Σ=4" and assigned["mem_128k_tpsp_b"] == "TP×SP T=1×Σ=8"
-    assert (mem[~mem.within_10pct & mem.claim.notna()].note.str.len() > 0).all()   # every miss is explained
+    assert (mem[~mem.within_10pct & mem.claim.notna()].note.str.len() > 0).all()  # every miss is explained
     # with the vocabulary-parallel LM head and cross-entropy, TP at 128K lands on the published 70 GB
     assert mem.set_index("claim_id").within_10pct[["mem_128k_tp", "mem_128k_tpsp_a", "mem_128k_tpsp_b"]].all()
     p = plausibility_173m()
@@ -300,18 +357,30 @@ def test_paper_tables():
     x = crossover_table()
     assert (x.tsp_le_tp == (x.tokens >= 32768)).all()
     from tspbench.paper.tables import throughput_assumptions
-    text = "\n".join(throughput_assumptions())       # what drives the ratio is printed beside it
+
+    text = "\n".join(throughput_assumptions())  # what drives the ratio is printed beside it
     assert "448 GB/s" in text and "forward only" in text and "training instead" in text
 
 
-@pytest.mark.parametrize("scheme,tp,vocab", [("tp", 0, "auto"), ("tp_msp", 0, "auto"), ("tp_sp", 2, "auto"),
-                                            ("tp_sp", 1, "auto"), ("sp", 0, "auto"), ("tsp", 0, "auto"),
-                                            ("tsp", 0, "ring"), ("tp", 0, "replicated")])
+@pytest.mark.parametrize(
+    "scheme,tp,vocab",
+    [
+        ("tp", 0, "auto"),
+        ("tp_msp", 0, "auto"),
+        ("tp_sp", 2, "auto"),
+        ("tp_sp", 1, "auto"),
+        ("sp", 0, "auto"),
+        ("tsp", 0, "auto"),
+        ("tsp", 0, "ring"),
+        ("tp", 0, "replicated"),
+    ],
+)
 def test_edge_collectives_move_what_comm_embed_head_counts(scheme, tp, vocab):
     """The time model's once-per-step embedding/head collectives receive exactly the volume of
     costmodel.comm_embed_head (which test_accounting binds to the code's CommLog)."""
     from tspbench.predict.costmodel import comm_embed_head
     from tspbench.predict.costmodel.time import edge_collectives, received_elems
+
     par = ParallelConfig(scheme=scheme, degree=8, tp=tp, vocab=vocab)
     for mode in ("forward", "train"):
         colls = edge_collectives(LLAMA7B, par, S128K, 1, mode=mode)
@@ -328,6 +397,7 @@ def test_decode_collectives_move_what_comm_decode_counts(scheme, tp):
     to the CommLog of real decode steps."""
     from tspbench.predict.costmodel import comm_decode_per_layer
     from tspbench.predict.costmodel.time import decode_collectives, received_elems
+
     par = ParallelConfig(scheme=scheme, degree=8, tp=tp)
     got = sum(c * received_elems(op, p, n) for op, p, n, _, c in decode_collectives(LLAMA7B, par, 4))
     assert got == pytest.approx(comm_decode_per_layer(LLAMA7B, par, 4), rel=1e-12)
@@ -338,11 +408,13 @@ def test_decode_step_time_terms():
     per layer (q/k/v gathers, the merge, two all-reduces) against TP's 2: a modelled latency cost, stated."""
     from tspbench.predict.costmodel import kv_cache_bytes
     from tspbench.predict.costmodel.time import decode_step_time
+
     hw = load_hardware("mi300x")
     tp, tsp = (ParallelConfig(scheme=s, degree=8) for s in ("tp", "tsp"))
     t_tp, t_tsp = (decode_step_time(LLAMA7B, p, S128K, 1, hw) for p in (tp, tsp))
-    assert t_tp["memory_s"] == pytest.approx((params_per_device(LLAMA7B, tp) * 2
-                                              + kv_cache_bytes(LLAMA7B, tp, S128K, 1)) / hw.mem_bw)
+    assert t_tp["memory_s"] == pytest.approx(
+        (params_per_device(LLAMA7B, tp) * 2 + kv_cache_bytes(LLAMA7B, tp, S128K, 1)) / hw.mem_bw
+    )
     assert t_tsp["kv_cache_bytes"] == t_tp["kv_cache_bytes"] == 2 * 32 * S128K * 4096 * 2 / 8
     assert t_tsp["comm_s"] > 2.5 * t_tp["comm_s"]
     assert t_tp["step_s"] == pytest.approx(max(t_tp["memory_s"], t_tp["compute_s"]) + t_tp["comm_s"])

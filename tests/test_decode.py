@@ -2,6 +2,7 @@
 decode steps equal the single-device model's logits at those positions, in float64 at tspbench.verify.case.TOL
 (1e-10; a cache only reorders the same sums, ≈1e-15 observed). The group's KV cache holds every token of
 every head exactly once, split 1/degree per rank; broken variants fail the same comparison."""
+
 from __future__ import annotations
 
 import pytest
@@ -30,22 +31,23 @@ def test_decode_matches_single_device(parity_results, cid):
 def test_kv_cache_is_sharded_not_copied(parity_results, cid):
     world, vc, _ = DECODE[cid]
     kv = parity_results(world)[cid]["kv_cache_bytes"]
-    assert sum(kv) == vc.dp * _cache_bytes(vc)                     # every token and head cached once
-    assert kv == [_cache_bytes(vc) // vc.degree] * world           # 1/degree per rank (tp_sp: 1/(T·Σ))
+    assert sum(kv) == vc.dp * _cache_bytes(vc)  # every token and head cached once
+    assert kv == [_cache_bytes(vc) // vc.degree] * world  # 1/degree per rank (tp_sp: 1/(T·Σ))
     # the cost model's per-rank KV cache (used for serving memory at paper scale) is the same number
     assert kv_cache_bytes(vc.model, vc.parallel(), vc.seq_len + vc.decode_steps, vc.batch, vc.dtype) == kv[0]
 
 
 @pytest.mark.parametrize("cid", [k for k, v in DECODE.items() if v[2] is not None])
 def test_broken_decode_is_caught(parity_results, cid):
-    world, vc, breakage = DECODE[cid]
+    world, _vc, breakage = DECODE[cid]
     res = parity_results(world)[cid]
     assert not res["ok"], f"the deliberately broken variant {breakage} passed the decode parity check"
     assert max(c["max_rel"] for c in res["checks"]) > 1e3 * res["checks"][0]["tol"]
 
 
-@pytest.mark.parametrize("cid", [k for k, v in DECODE.items() if v[2] is None and v[1].dp == 1
-                                 and v[1].scheme in ("tp", "tsp", "sp")])
+@pytest.mark.parametrize(
+    "cid", [k for k, v in DECODE.items() if v[2] is None and v[1].dp == 1 and v[1].scheme in ("tp", "tsp", "sp")]
+)
 def test_decode_step_collectives(parity_results, cid):
     """Layer 0 of one decode step. tp: the two all-reduces of B·h (f/g). tsp: all-gathers of q, k, v over
     heads, the merge (max and denominator all-reduced, numerator reduce-scattered) and the two all-reduces;

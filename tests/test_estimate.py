@@ -9,6 +9,7 @@
     every scheme on a GQA model at 2K tokens and for llama7b at 128K, D = 8 (the paper setting);
 (d) llama7b at 128K, D = 8 estimates in seconds; the 3+4-layer extrapolation equals tracing every layer.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,11 +21,11 @@ import torch
 import torch.distributed as dist
 
 from tspbench.config import ModelConfig, ParallelConfig
+from tspbench.paper.tables import LLAMA7B, PAPER_MEMORY_SETTING
 from tspbench.predict.costmodel import memory_breakdown, params_per_device
 from tspbench.predict.estimate import CATEGORIES, estimate, estimate_summary, measure
-from tspbench.paper.tables import LLAMA7B, PAPER_MEMORY_SETTING
 
-TINY = ModelConfig()                                   # dim 64, 2 layers, 4 heads, vocab 256
+TINY = ModelConfig()  # dim 64, 2 layers, 4 heads, vocab 256
 GQA = ModelConfig(name="gqa", vocab_size=2000, dim=256, n_layers=6, n_heads=8, n_kv_heads=4, ffn_hidden=1024)
 S128K = 131072
 REAL_CASES = [("tp", "none"), ("tsp", "none"), ("tsp", "full"), ("sp", "none"), ("tp_msp", "full")]
@@ -33,6 +34,7 @@ REAL_CASES = [("tp", "none"), ("tsp", "none"), ("tsp", "full"), ("sp", "none"), 
 def test_slice_param_holds_only_its_shard():
     """A regression the estimate found: a view of a chunk kept the full unsharded weight alive per rank."""
     from tspbench.schemes.ops.sharding import slice_param
+
     p = slice_param("layers.0.attention.wq", (8, 4), 0, 1, 2, 0, torch.float32, "cpu")
     assert p.untyped_storage().nbytes() == p.numel() * p.element_size()
 
@@ -41,8 +43,11 @@ def _within(model: dict, est: dict, tol: float = 0.05, slack: float = 0.0) -> li
     """The total and the categories whose model/estimate difference exceeds tol × the estimated total
     (+ `slack` bytes)."""
     keys = ("total", *CATEGORIES)
-    return [f"{k} {model[k] / 1e9:.4f} vs {est[k] / 1e9:.4f} GB" for k in keys
-            if abs(model[k] - est[k]) > tol * est["total"] + slack]
+    return [
+        f"{k} {model[k] / 1e9:.4f} vs {est[k] / 1e9:.4f} GB"
+        for k in keys
+        if abs(model[k] - est[k]) > tol * est["total"] + slack
+    ]
 
 
 def _gloo_slack(real: dict, par: ParallelConfig) -> float:
@@ -51,6 +56,7 @@ def _gloo_slack(real: dict, par: ParallelConfig) -> float:
     5% of the total, so the real-run comparison allows the largest collective buffer of the step on top (a
     layer's, or the gradient-sync bucket's; float32)."""
     from tspbench.predict.costmodel import grad_sync_bucket_elems
+
     layer = max((op[5] for op in real["comm_ops"]), default=0)
     return float(max(layer, 4 * grad_sync_bucket_elems(TINY, par)))
 
@@ -58,8 +64,9 @@ def _gloo_slack(real: dict, par: ParallelConfig) -> float:
 # ---------------------------------------------------------------------------------------------- (a), (b)
 @pytest.fixture(scope="module")
 def real_runs():
-    cases = [(TINY, ParallelConfig(scheme=s, degree=2, recompute=rc), 64, 1, "train", "float32")
-             for s, rc in REAL_CASES]
+    cases = [
+        (TINY, ParallelConfig(scheme=s, degree=2, recompute=rc), 64, 1, "train", "float32") for s, rc in REAL_CASES
+    ]
     return dict(zip(REAL_CASES, measure(cases)))
 
 
@@ -83,8 +90,10 @@ REAL_CASES_4 = [("tp_sp", 2, "none"), ("tsp", 0, "full")]
 @pytest.fixture(scope="module")
 def real_runs_4():
     """Four ranks: the 2-D mesh (T = Σ = 2) and TSP at D = 4."""
-    cases = [(TINY, ParallelConfig(scheme=s, degree=4, tp=t, recompute=rc), 64, 1, "train", "float32")
-             for s, t, rc in REAL_CASES_4]
+    cases = [
+        (TINY, ParallelConfig(scheme=s, degree=4, tp=t, recompute=rc), 64, 1, "train", "float32")
+        for s, t, rc in REAL_CASES_4
+    ]
     return dict(zip(REAL_CASES_4, measure(cases)))
 
 
@@ -107,16 +116,28 @@ def test_comm_counts_are_not_vacuous(real_runs):
 
 
 # ---------------------------------------------------------------------------------------------- (c)
-@pytest.mark.parametrize("scheme,tp,recompute,vocab", [
-    ("tsp", 0, "full", "auto"), ("tp", 0, "full", "auto"), ("tp_msp", 0, "full", "auto"), ("sp", 0, "full", "auto"),
-    ("tp_sp", 2, "full", "auto"), ("tsp", 0, "none", "auto"), ("tp_msp", 0, "none", "auto"),
-    ("tp_sp", 2, "none", "auto"), ("tsp", 0, "full", "ring"), ("tsp", 0, "none", "ring"),
-    ("tp", 0, "full", "replicated"), ("tp_msp", 0, "full", "replicated")])
+@pytest.mark.parametrize(
+    "scheme,tp,recompute,vocab",
+    [
+        ("tsp", 0, "full", "auto"),
+        ("tp", 0, "full", "auto"),
+        ("tp_msp", 0, "full", "auto"),
+        ("sp", 0, "full", "auto"),
+        ("tp_sp", 2, "full", "auto"),
+        ("tsp", 0, "none", "auto"),
+        ("tp_msp", 0, "none", "auto"),
+        ("tp_sp", 2, "none", "auto"),
+        ("tsp", 0, "full", "ring"),
+        ("tsp", 0, "none", "ring"),
+        ("tp", 0, "full", "replicated"),
+        ("tp_msp", 0, "full", "replicated"),
+    ],
+)
 def test_costmodel_matches_estimate_gqa(scheme, tp, recompute, vocab):
     par = ParallelConfig(scheme=scheme, degree=4, tp=tp, recompute=recompute, vocab=vocab)
     est = estimate(GQA, par, 2048, 1, dtype="bfloat16")
     model = memory_breakdown(GQA, par, 2048, 1, dtype="bfloat16")
-    assert est["provenance"]["extrapolated"]                      # 6 layers: traced 3 and 4
+    assert est["provenance"]["extrapolated"]  # 6 layers: traced 3 and 4
     assert not _within(model, est["mem_bytes"]), _within(model, est["mem_bytes"])
 
 
@@ -163,7 +184,8 @@ def test_llama7b_128k_record_and_speed(llama_128k):
     assert m["mem_total_gib"] == pytest.approx(sum(m[f"mem_{c}_gib"] for c in CATEGORIES))
     # the optimizer holds fp32 master + m + v = 12 B for each of this rank's parameters
     assert m["mem_optimizer_gib"] * 2**30 == pytest.approx(12 * params_per_device(LLAMA7B, par))
-    # one layer's forward traffic is the formula (docs/method.md#communication): weights (D−1)/D·W + K/V 2·S·h/g·(D−1)/D, bf16
+    # one layer's forward traffic is the formula (docs/method.md#communication): weights (D−1)/D·W + K/V
+    # 2·S·h/g·(D−1)/D, bf16
     w = 16 * 4096**2
     assert m["comm_elems_per_layer_fwd"] == pytest.approx(w * 7 / 8 + 2 * S128K * 4096 * 7 / 8)
     assert m["comm_bytes_per_layer_fwd"] == pytest.approx(2 * m["comm_elems_per_layer_fwd"])
@@ -173,13 +195,13 @@ def test_llama7b_128k_record_and_speed(llama_128k):
     sp, tp = llama_128k["sp"][1], llama_128k["tp"][1]
     assert sp["status"] == "oom" and "h100" in sp["reason"] and sp["metrics"]["mem_total_gib"] * 2**30 > 80e9
     assert tp["status"] == "ok" and tp["metrics"]["mem_total_gib"] * 2**30 < 80e9
-    assert not dist.is_initialized()                             # the fake process group is gone
+    assert not dist.is_initialized()  # the fake process group is gone
 
 
 # ---------------------------------------------------------------------------------------------- (d)
 @pytest.mark.parametrize("scheme,recompute", [("tsp", "full"), ("tp_msp", "none")])
 def test_layer_extrapolation_is_exact(scheme, recompute):
-    model = replace(GQA, n_layers=5)                  # > 4 layers: "auto" traces 3 and 4 and extrapolates
+    model = replace(GQA, n_layers=5)  # > 4 layers: "auto" traces 3 and 4 and extrapolates
     par = ParallelConfig(scheme=scheme, degree=2, recompute=recompute)
     auto = estimate(model, par, 256, 1, layers="auto")
     full = estimate(model, par, 256, 1, layers="all")
@@ -201,6 +223,7 @@ def test_one_rank_of_an_8way_scheme_runs_alone_with_real_tensors():
     allocates exactly what the fake-tensor estimate says (on a lent GPU the same run is set beside
     torch.cuda.max_memory_allocated)."""
     from tspbench.predict.gpu_check import check
+
     model = replace(GQA, n_layers=4, n_heads=16, n_kv_heads=8)
     rec = check(model, ParallelConfig(scheme="tsp", degree=8, recompute="full"), 256, "cpu")
     assert rec["tracked_real_gib"] > 0 and rec["cuda_max_allocated_gib"] is None

@@ -3,6 +3,7 @@
 Each test runs a two-run grid, the faulty `tp` run first and a healthy `single` run after it, through the
 same `run_all` the CLI uses (the configs come from Hydra's Compose API, so conf/faults/ is exercised too).
 """
+
 from __future__ import annotations
 
 import time
@@ -13,8 +14,16 @@ from proc_util import worker_pids
 from tspbench.run.grid import compose_experiment, expand_grid
 from tspbench.run.launch import run_all
 
-FAST = ["+exp=smoke", "model.n_layers=1", "seq_len=32", "warmup_steps=1", "measured_steps=2", "progress=false",
-        "memory_breakdown=false", "schemes=[tp,single]"]
+FAST = [
+    "+exp=smoke",
+    "model.n_layers=1",
+    "seq_len=32",
+    "warmup_steps=1",
+    "measured_steps=2",
+    "progress=false",
+    "memory_breakdown=false",
+    "schemes=[tp,single]",
+]
 
 
 def run(tmp_path: Path, *overrides: str) -> list[dict]:
@@ -27,9 +36,9 @@ def run(tmp_path: Path, *overrides: str) -> list[dict]:
 def test_crash_is_recorded_failed_with_log_tail(tmp_path):
     tp, single = run(tmp_path, "faults=crash", "faults.scheme=tp", "faults.rank=1")
     assert tp["status"] == "failed"
-    assert tp["reason"].startswith("rank 1: RuntimeError: injected crash")   # root cause first
+    assert tp["reason"].startswith("rank 1: RuntimeError: injected crash")  # root cause first
     assert tp["failed_rank"] == 1
-    assert "raise RuntimeError" in tp["log_tail"] and "on rank 1" in tp["log_tail"]   # its traceback
+    assert "raise RuntimeError" in tp["log_tail"] and "on rank 1" in tp["log_tail"]  # its traceback
     assert Path(tp["log_file"]).exists() and tp["fault"] == "crash"
     assert single["status"] == "ok" and single["fault"] is None
     assert not worker_pids(str(tmp_path))
@@ -39,8 +48,18 @@ def test_oom_is_recorded_with_the_attempted_configuration(tmp_path):
     tp, single = run(tmp_path, "faults=oom", "faults.scheme=tp", "faults.rank=1")
     assert tp["status"] == "oom"
     assert tp["reason"].startswith("rank 1: OutOfMemoryError: injected OOM")
-    assert tp["attempted"] == {"scheme": "tp", "degree": 2, "dp": 1, "tp": 0, "seq_len": 32, "batch": 1,
-                               "mode": "train", "dtype": "float32", "recompute": "none", "model": "tiny"}
+    assert tp["attempted"] == {
+        "scheme": "tp",
+        "degree": 2,
+        "dp": 1,
+        "tp": 0,
+        "seq_len": 32,
+        "batch": 1,
+        "mode": "train",
+        "dtype": "float32",
+        "recompute": "none",
+        "model": "tiny",
+    }
     assert single["status"] == "ok"
 
 
@@ -50,7 +69,7 @@ def test_hang_is_killed_after_timeout_and_recorded(tmp_path):
     assert tp["status"] == "timeout"
     assert "timeout_s=20" in tp["reason"] and "injected hang" in tp["log_tail"]
     assert single["status"] == "ok"
-    assert time.monotonic() - t0 < 20 + 10 + 25     # the hang + the kill grace + one healthy run
+    assert time.monotonic() - t0 < 20 + 10 + 25  # the hang + the kill grace + one healthy run
     time.sleep(0.5)
     assert not worker_pids(str(tmp_path)), "the hung rank group survived the kill"
 
@@ -59,13 +78,20 @@ def test_log_tail_drops_torchruns_own_report(tmp_path):
     """The ranks' lines survive whatever torchrun prints while it shuts a group down: its agent's log lines,
     a logging error raised inside its signal handler, and tracebacks through the elastic agent."""
     from tspbench.run.launch import log_tail
+
     agent = "W1202 15:10:34.302000 10228 site-packages/torch/distributed/elastic/agent/server/api.py:753] "
     noise_a = [agent + "Received 15 death signal, shutting down workers"] + ["  noise"] * 60
-    noise_b = ["--- Logging error ---", "Traceback (most recent call last):",
-               '  File "/usr/lib/python3.11/logging/__init__.py", line 1113, in emit'] + ["  noise"] * 60
+    noise_b = [
+        "--- Logging error ---",
+        "Traceback (most recent call last):",
+        '  File "/usr/lib/python3.11/logging/__init__.py", line 1113, in emit',
+    ] + ["  noise"] * 60
     noise_c = ["Traceback (most recent call last):", '  File "x/torch/distributed/elastic/agent/server/api.py"']
-    rank_tb = ["Traceback (most recent call last):", '  File "tspbench/worker.py", line 10, in benchmark',
-               "RuntimeError: injected crash (faults.kind=crash) on rank 1"]
+    rank_tb = [
+        "Traceback (most recent call last):",
+        '  File "tspbench/worker.py", line 10, in benchmark',
+        "RuntimeError: injected crash (faults.kind=crash) on rank 1",
+    ]
     for noise in (noise_a, noise_b, noise_c + ["  noise"] * 60):
         log = tmp_path / "run.log"
         log.write_text("\n".join(["# header", "rank 0: injected hang (faults.kind=hang)", *rank_tb, *noise]))

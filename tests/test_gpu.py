@@ -2,12 +2,13 @@
 
 On GPU the check runs in float32 (spawned ranks disable TF32 so float32 GEMMs keep their precision).
 """
+
 from __future__ import annotations
 
 import pytest
 import torch
-
 from parity_cases import GQA, MHA
+
 from tspbench.verify.case import VerifyConfig
 from tspbench.verify.runner import run_cases
 
@@ -29,6 +30,7 @@ def test_nccl_parity(scheme, model):
 @pytest.mark.skipif(N_GPU < 1, reason="needs a CUDA device")
 def test_reference_model_runs_bf16_on_gpu():
     from tspbench.model import build_model, synthetic_batch, token_loss_sum
+
     m = MHA
     model = build_model(m, 0, torch.bfloat16, "cuda")
     tok, tgt = synthetic_batch(m, 2, 64, 0, "cuda")

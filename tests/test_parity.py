@@ -3,6 +3,7 @@ AdamW step, in float64 on CPU (gloo ranks spawned by the fixture). Tolerance: ts
 normwise relative in float64; the module docstring there explains it). Broken variants must FAIL the same
 comparison, so the check cannot pass vacuously.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -10,8 +11,9 @@ from parity_cases import ALL
 
 
 def _failures(res: dict) -> str:
-    return "\n".join(f"  {c['name']}: rel {c['max_rel']:.3e} > tol {c['tol']:.0e}"
-                     for c in res["checks"] if not c["ok"])
+    return "\n".join(
+        f"  {c['name']}: rel {c['max_rel']:.3e} > tol {c['tol']:.0e}" for c in res["checks"] if not c["ok"]
+    )
 
 
 @pytest.mark.parametrize("cid", [k for k, v in ALL.items() if v[2] is None])
@@ -28,7 +30,7 @@ def test_scheme_matches_single_device(parity_results, cid):
 
 @pytest.mark.parametrize("cid", [k for k, v in ALL.items() if v[2] is not None])
 def test_broken_variant_is_caught(parity_results, cid):
-    world, vc, breakage = ALL[cid]
+    world, _vc, breakage = ALL[cid]
     res = parity_results(world)[cid]
     assert not res["ok"], f"the deliberately broken variant {breakage} passed the parity check"
     worst = max(c["max_rel"] for c in res["checks"])

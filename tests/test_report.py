@@ -1,4 +1,5 @@
 """The HTML report: tables, exports and self-containment, from synthetic records (no runs, no browser)."""
+
 from __future__ import annotations
 
 import json
@@ -9,8 +10,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-
 import report_fixtures as rf
+
 from tspbench.report import build_report
 from tspbench.report import frame as build  # the constants the report prints (CPU_NOTE, NOT_REPRODUCED)
 from tspbench.report.figures import FIGURES
@@ -22,8 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 def report(tmp_path_factory) -> tuple[Path, str, pd.DataFrame]:
     tmp = tmp_path_factory.mktemp("report")
     src = rf.write_records(tmp / "results" / "run.jsonl")
-    html = build_report([src], out=tmp / "out" / "fixture.html", title="fixture report",
-                        claims=rf.CLAIMS)
+    html = build_report([src], out=tmp / "out" / "fixture.html", title="fixture report", claims=rf.CLAIMS)
     return html, html.read_text(), pd.read_csv(html.with_suffix(".csv"))
 
 
@@ -89,11 +89,13 @@ def test_claims_table_is_first(report):
 
 def test_failed_oom_timeout_listed_with_reasons(report):
     text = report[1]
-    section = text[text.index('id="failures-table"'):]
-    for run_id, reason in (("cpu-tsp-2048-failed", "gloo connectFullMesh failed on rank 3"),
-                           ("cpu-sp-4096-timeout", "killed after 600 s"),
-                           ("h100-tp-8192", "CUDA out of memory"),
-                           ("est-tp_sp2-131072", "exceeds mi300x capacity")):
+    section = text[text.index('id="failures-table"') :]
+    for run_id, reason in (
+        ("cpu-tsp-2048-failed", "gloo connectFullMesh failed on rank 3"),
+        ("cpu-sp-4096-timeout", "killed after 600 s"),
+        ("h100-tp-8192", "CUDA out of memory"),
+        ("est-tp_sp2-131072", "exceeds mi300x capacity"),
+    ):
         assert run_id in section and reason in section
 
 
@@ -116,7 +118,7 @@ def test_figures_inline_and_no_external_urls(report):
 
 def test_provenance_collapsible(report):
     text = report[1]
-    block = text[text.index('<details id="provenance-details">'):]
+    block = text[text.index('<details id="provenance-details">') :]
     assert "0123456789ab" in block and "torch 2.13.0" in block and "Resolved config" in block
 
 
@@ -145,7 +147,7 @@ def test_empty_input(tmp_path):
 
 
 def test_default_out_and_claims_fallback(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)   # reports go under the working directory
+    monkeypatch.chdir(tmp_path)  # reports go under the working directory
     src = rf.write_minimal(tmp_path / "min.jsonl")
     html = build_report([src])  # claims from tspbench.paper.claims, or [] while it does not exist
     assert html.parent == tmp_path / "reports" and re.fullmatch(r"report-\d{8}-\d{6}\.html", html.name)
@@ -154,16 +156,28 @@ def test_default_out_and_claims_fallback(tmp_path, monkeypatch):
 def test_cli(tmp_path):
     src = rf.write_minimal(tmp_path / "min.jsonl")
     out = tmp_path / "cli.html"
-    proc = subprocess.run([sys.executable, "-m", "tspbench.report", str(src), "--out", str(out),
-                           "--title", "CLI title"], cwd=REPO, capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tspbench.report", str(src), "--out", str(out), "--title", "CLI title"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stderr
     assert out.exists() and out.with_suffix(".csv").exists() and "CLI title" in out.read_text()
 
 
 def test_other_model_is_flagged_not_counted(tmp_path):
     # A tiny model that happens to hit the paper's number exactly must not count as agreement.
-    rec = rf.record("tiny-128k", "tsp", 131072, 8, method="estimated", hardware="mi300x",
-                    device=None, metrics={"mem_total_gib": 38.8 / 1.073741824})
+    rec = rf.record(
+        "tiny-128k",
+        "tsp",
+        131072,
+        8,
+        method="estimated",
+        hardware="mi300x",
+        device=None,
+        metrics={"mem_total_gib": 38.8 / 1.073741824},
+    )
     src = tmp_path / "tiny.jsonl"
     src.write_text(json.dumps(rec) + "\n")
     html = build_report([src], out=tmp_path / "t.html", claims=rf.CLAIMS[:1])

@@ -4,6 +4,7 @@ data-* attributes: JS/resource errors, figures that failed to render, and the pa
 
 Skips when no Chromium is installed (CI installs Debian's `chromium`).
 """
+
 from __future__ import annotations
 
 import re
@@ -14,8 +15,8 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-
 import report_fixtures as rf
+
 from tspbench.report import build_report
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -25,10 +26,25 @@ WIDTH = 1280
 
 def chromium(url: str, tmp: Path, *args: str) -> subprocess.CompletedProcess:
     """One headless run, offline-leaning flags, its own profile; console messages go to stderr."""
-    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-           "--disable-background-networking", "--disable-component-update", "--disable-sync",
-           "--hide-scrollbars", "--force-device-scale-factor=1", "--enable-logging=stderr", "--v=0",
-           f"--user-data-dir={tmp / 'profile'}", f"--window-size={WIDTH},2000", *args, url]
+    cmd = [
+        CHROMIUM,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--hide-scrollbars",
+        "--force-device-scale-factor=1",
+        "--enable-logging=stderr",
+        "--v=0",
+        f"--user-data-dir={tmp / 'profile'}",
+        f"--window-size={WIDTH},2000",
+        *args,
+        url,
+    ]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
 
 
@@ -91,8 +107,10 @@ def test_self_check_catches_breakage(report, tmp_path):
     """Non-vacuity: a broken figure and a throwing script must be reported by the same check."""
     broken = tmp_path / "broken.html"
     text = report.read_text().replace(
-        "</main>", '<figure id="bad"><img id="bad-img" src="data:image/png;base64,AAAA"></figure>'
-                   "<script>throw new Error('boom')</script></main>")
+        "</main>",
+        '<figure id="bad"><img id="bad-img" src="data:image/png;base64,AAAA"></figure>'
+        "<script>throw new Error('boom')</script></main>",
+    )
     broken.write_text(text)
     dom, console = render(broken, tmp_path)
     assert dom.body["data-figures-ok"] == "false" and "bad-img" in dom.body["data-figures-bad"]

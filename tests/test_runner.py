@@ -3,6 +3,7 @@
 Kept small (tiny model, 1 layer, S = 32, 1 warm-up + 2 measured steps); each measured run costs one
 torchrun launch (a few seconds on 2 cores).
 """
+
 from __future__ import annotations
 
 import os
@@ -15,19 +16,32 @@ from pathlib import Path
 import pytest
 from proc_util import worker_pids
 
+from tspbench.record.store import load, read_records
 from tspbench.run.grid import compose_experiment, expand_grid
 from tspbench.run.launch import run_all
-from tspbench.record.store import load, read_records
 
 ROOT = Path(__file__).resolve().parent.parent
-FAST = ["model.n_layers=1", "seq_len=32", "warmup_steps=1", "measured_steps=2", "progress=false",
-        "memory_breakdown=false"]
+FAST = [
+    "model.n_layers=1",
+    "seq_len=32",
+    "warmup_steps=1",
+    "measured_steps=2",
+    "progress=false",
+    "memory_breakdown=false",
+]
 
 
 def cli(args: list[str], **kw) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=str(ROOT), HYDRA_FULL_ERROR="0")
-    return subprocess.Popen([sys.executable, "-m", "tspbench", *args], cwd=ROOT, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
+    return subprocess.Popen(
+        [sys.executable, "-m", "tspbench", *args],
+        cwd=ROOT,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        **kw,
+    )
 
 
 def run_cli(args: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
@@ -55,20 +69,24 @@ def test_smoke_grid_has_all_six_schemes_single_at_degree_1():
 def test_microbatch_experiment_sweeps_b_on_16_gpus():
     specs = expand_grid(compose_experiment(["+exp=microbatch"]))
     assert {s.batch for s in specs} == {1, 2, 4, 8, 16} and {s.world_size for s in specs} == {16}
-    assert len(specs) == 4 * 5 and {s.mode for s in specs} == {"train"}       # tp, tp_sp ×2, tsp
+    assert len(specs) == 4 * 5 and {s.mode for s in specs} == {"train"}  # tp, tp_sp ×2, tsp
 
 
 def test_serving_experiment_is_a_decode_grid():
     specs = expand_grid(compose_experiment(["+exp=serving"]))
-    assert len(specs) == 6 * 4 * 2 and {s.mode for s in specs} == {"decode"}   # 6 layouts × 4 S × 2 B
+    assert len(specs) == 6 * 4 * 2 and {s.mode for s in specs} == {"decode"}  # 6 layouts × 4 S × 2 B
     assert {s.degree for s in specs} == {8} and {s.execution for s in specs} == {"auto"}
 
 
 def test_scalar_overrides_replace_grid_axes():
-    specs = expand_grid(compose_experiment(["+exp=smoke", "seq_lens=[32,64]", "seq_len=128", "schemes=[tp,tsp]",
-                                            "modes=[train,forward]"]))
+    specs = expand_grid(
+        compose_experiment(
+            ["+exp=smoke", "seq_lens=[32,64]", "seq_len=128", "schemes=[tp,tsp]", "modes=[train,forward]"]
+        )
+    )
     assert {(s.scheme, s.seq_len, s.mode) for s in specs} == {
-        (sc, 128, m) for sc in ("tp", "tsp") for m in ("train", "forward")}
+        (sc, 128, m) for sc in ("tp", "tsp") for m in ("train", "forward")
+    }
 
 
 def test_composition_error_prints_hydras_message():
@@ -89,6 +107,7 @@ def test_invalid_runs_are_recorded_and_the_grid_continues(tmp_path, capsys):
     assert recs[0]["status"] == "invalid"
     assert "n_heads=8 must be divisible by the tensor degree 3" in recs[0]["reason"]
     import torch
+
     if not torch.cuda.is_available():
         assert recs[1]["status"] == "invalid" and recs[1]["reason"].startswith("needs 2 cuda devices")
     assert not list(tmp_path.glob("*.log")), "nothing may be spawned for an invalid run"
@@ -99,6 +118,7 @@ def test_invalid_runs_are_recorded_and_the_grid_continues(tmp_path, capsys):
 def test_auto_without_devices_estimates_and_models(tmp_path):
     """execution=auto on a host without the GPUs: an estimated record and its modelled twin, no ranks."""
     import torch
+
     if torch.cuda.is_available():
         pytest.skip("this host has CUDA devices: auto would measure")
     exp = compose_experiment(["+exp=smoke", *FAST, "schemes=[tsp]", "device=cuda", "hardware=h100"])
@@ -132,6 +152,7 @@ def test_decode_mode_measures_prefill_decode_and_kv_cache(tmp_path):
 
 def test_auto_decode_without_devices_is_modelled(tmp_path):
     import torch
+
     if torch.cuda.is_available():
         pytest.skip("this host has CUDA devices: auto would measure")
     exp = compose_experiment(["+exp=smoke", *FAST, "schemes=[tsp]", "device=cuda", "hardware=mi300x", "mode=decode"])
@@ -145,6 +166,7 @@ def test_auto_decode_without_devices_is_modelled(tmp_path):
 def test_decode_cannot_be_estimated():
     from tspbench.config import ConfigError
     from tspbench.run.grid import validate_experiment
+
     with pytest.raises(ConfigError, match="mode=decode cannot be estimated"):
         validate_experiment(compose_experiment(["+exp=smoke", "mode=decode", "execution=estimate"]))
 
@@ -165,9 +187,9 @@ def test_interrupt_keeps_finished_runs_and_resume_skips_them(tmp_path):
         time.sleep(0.1)
         tp_log = next(iter(run_dir.glob("tp-*.log")), None)
     assert tp_log is not None, "the second run never started"
-    time.sleep(1.0)                       # let the rank group start, so there is something to kill
+    time.sleep(1.0)  # let the rank group start, so there is something to kill
     p.send_signal(signal.SIGINT)
-    out, err = p.communicate(timeout=60)
+    _out, err = p.communicate(timeout=60)
     assert p.returncode == 130, err
     recs = records(results)
     assert [(r["scheme"], r["status"]) for r in recs] == [("single", "ok"), ("tp", "failed")]
@@ -197,7 +219,7 @@ def test_interrupt_keeps_finished_runs_and_resume_skips_them(tmp_path):
         assert m["tokens_per_s_per_device"] == pytest.approx(m["tokens_per_s"] / x["world_size"])
         assert m["tokens_per_step"] == x["dp"] * x["batch"] * x["seq_len"]
         assert m["step_time_ms_min"] <= m["step_time_ms_p50"] <= m["step_time_ms_max"]
-        assert m["energy_j_per_token"] is None and m["energy_reason"]      # never 0 on CPU
+        assert m["energy_j_per_token"] is None and m["energy_reason"]  # never 0 on CPU
         assert m["mfu_causal_pct"] is None and m["flops_per_token_causal"] < m["flops_per_token_noncausal"]
         assert len(x["per_rank"]["step_time_ms"]) == x["world_size"]
         assert x["provenance"]["config"]["run_id"] == x["run_id"]
@@ -212,8 +234,17 @@ def test_interrupt_keeps_finished_runs_and_resume_skips_them(tmp_path):
 # ------------------------------------------------------------------------------------------ multirun
 def test_multirun_sweep_writes_one_combined_jsonl(tmp_path):
     sweep = tmp_path / "sweep"
-    r = run_cli(["-m", "+exp=smoke", *[a for a in FAST if not a.startswith("seq_len")], "schemes=[single]",
-                 "seq_len=32,64", f"hydra.sweep.dir={sweep}"], timeout=120)
+    r = run_cli(
+        [
+            "-m",
+            "+exp=smoke",
+            *[a for a in FAST if not a.startswith("seq_len")],
+            "schemes=[single]",
+            "seq_len=32,64",
+            f"hydra.sweep.dir={sweep}",
+        ],
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     combined = sweep / "results.jsonl"
     recs = records(combined)
@@ -229,15 +260,16 @@ def test_flops_conventions_and_peak_table():
     from tspbench.measure import flops as fl
     from tspbench.predict import costmodel as cf
 
-    llama = ModelConfig(name="llama7b", vocab_size=32000, dim=4096, n_layers=32, n_heads=32, n_kv_heads=32,
-                        ffn_hidden=16384)
-    assert llama.n_layers * cf.layer_weight_params(llama) == 8_589_934_592     # docs/method.md#memory
+    llama = ModelConfig(
+        name="llama7b", vocab_size=32000, dim=4096, n_layers=32, n_heads=32, n_kv_heads=32, ffn_hidden=16384
+    )
+    assert llama.n_layers * cf.layer_weight_params(llama) == 8_589_934_592  # docs/method.md#memory
     s = 131072
     n = llama.n_layers * cf.layer_weight_params(llama) + llama.vocab_size * llama.dim
-    palm = 6 * n + 12 * llama.n_layers * llama.n_heads * llama.head_dim * s       # PaLM App. B
+    palm = 6 * n + 12 * llama.n_layers * llama.n_heads * llama.head_dim * s  # PaLM App. B
     assert cf.flops_per_token(llama, s, mode="train", causal_halved=False) == palm
     attn = 12 * llama.n_layers * llama.dim * s
-    assert cf.flops_per_token(llama, s, mode="train", causal_halved=True) == palm - attn / 2   # Megatron
+    assert cf.flops_per_token(llama, s, mode="train", causal_halved=True) == palm - attn / 2  # Megatron
     assert cf.hardware_flops_per_token(llama, s, "train", "full") > cf.flops_per_token(llama, s, mode="train")
     assert fl.peak_flops("NVIDIA H100 80GB HBM3", "cuda")[0] == 989e12
     assert fl.peak_flops("NVIDIA H100 PCIe", "cuda")[0] == 756e12
@@ -256,13 +288,14 @@ def test_energy_is_none_on_cpu_and_counter_validation():
     m = EnergyMeter(torch.device("cpu"))
     m.start()
     r = m.stop()
-    assert r.energy_j is None and r.reason and "CPU" in r.reason               # never 0
+    assert r.energy_j is None and r.reason and "CPU" in r.reason  # never 0
     # Zeus-style check: a counter that tracks power × time is trusted, a frozen one is not.
     clock = {"mj": 0.0}
 
     def good():
-        clock["mj"] += 300.0 * 0.01 * 1e3 / 2     # two reads per window → 300 W over 10 ms
+        clock["mj"] += 300.0 * 0.01 * 1e3 / 2  # two reads per window → 300 W over 10 ms
         return clock["mj"]
+
     assert validate_counter(good, lambda: 300.0, wait_s=0.01)[0]
     assert not validate_counter(lambda: 5.0, lambda: 300.0, wait_s=0.01)[0]
     assert _integrate([[0.0, 100.0], [1.0, 100.0]], 2.0) == pytest.approx(200.0)

@@ -1,5 +1,6 @@
 """Sharding is real: each rank holds the parameter bytes its scheme promises, and token-sharded schemes keep
 1/D of the activations."""
+
 from __future__ import annotations
 
 import pytest
@@ -8,13 +9,14 @@ from parity_cases import ALL
 
 def expected_param_bytes(vc) -> int:
     """Block weights divided by the tensor degree (tp, tp_msp, tsp: degree; tp_sp: T; sp: 1); embedding and
-    LM head split by vocabulary over the tensor axis of tp, tp_msp and tp_sp, replicated in sp and tsp (docs/method.md#choice-embedding);
-    norms replicated everywhere."""
+    LM head split by vocabulary over the tensor axis of tp, tp_msp and tp_sp, replicated in sp and tsp
+    (docs/method.md#choice-embedding); norms replicated everywhere."""
     m = vc.model
     d = m.head_dim
     block = (2 * m.n_heads * d + 2 * m.n_kv_heads * d) * m.dim + 3 * m.ffn_hidden * m.dim
-    shard = {"tp": vc.degree, "tp_msp": vc.degree, "tsp": vc.degree, "sp": 1, "single": 1,
-             "tp_sp": vc.tp or 1}[vc.scheme]
+    shard = {"tp": vc.degree, "tp_msp": vc.degree, "tsp": vc.degree, "sp": 1, "single": 1, "tp_sp": vc.tp or 1}[
+        vc.scheme
+    ]
     vocab_shard = {"auto": 1 if vc.scheme in ("sp", "tsp") else shard, "replicated": 1, "ring": vc.degree}[vc.vocab]
     replicated = 2 * m.vocab_size * m.dim // vocab_shard + (2 * m.n_layers + 1) * m.dim
     elem = {"float64": 8, "float32": 4, "bfloat16": 2}[vc.dtype]

@@ -5,6 +5,7 @@ Peers over-count by the TP degree (huggingface/trl#7100: "32× the truth") or th
 `tokens_per_step` is checked here against what every scheme actually feeds its ranks: the union of the
 (row, position) coordinates of all ranks' local batches, gathered over a 4-rank gloo world.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,8 +23,18 @@ WORLD = 4
 SEQ, BATCH = 32, 2
 MODEL = dict(name="tiny", vocab_size=128, dim=64, n_layers=1, n_heads=8, n_kv_heads=8, ffn_hidden=128)
 # Every scheme at world 4, pure and with data parallelism.
-LAYOUTS = [("single", 1, 4), ("tp", 4, 1), ("tp", 2, 2), ("tp_msp", 4, 1), ("tp_msp", 2, 2), ("sp", 4, 1),
-           ("sp", 2, 2), ("tp_sp", 4, 1), ("tsp", 4, 1), ("tsp", 2, 2)]
+LAYOUTS = [
+    ("single", 1, 4),
+    ("tp", 4, 1),
+    ("tp", 2, 2),
+    ("tp_msp", 4, 1),
+    ("tp_msp", 2, 2),
+    ("sp", 4, 1),
+    ("sp", 2, 2),
+    ("tp_sp", 4, 1),
+    ("tsp", 4, 1),
+    ("tsp", 2, 2),
+]
 
 
 @pytest.mark.parametrize("scheme,degree,dp", LAYOUTS)
@@ -32,7 +43,7 @@ def test_formula_ignores_the_degree(scheme, degree, dp):
     assert tokens_per_step(par, BATCH, SEQ) == dp * BATCH * SEQ
     # The per-device figure divides the global one by the world size, whatever the scheme.
     t = throughput(tokens_per_step(par, BATCH, SEQ), steps=10, window_s_per_rank=[1.0, 2.0], world_size=dp * degree)
-    assert t["tokens_per_s"] == pytest.approx(dp * BATCH * SEQ * 10 / 2.0)       # slowest rank's window
+    assert t["tokens_per_s"] == pytest.approx(dp * BATCH * SEQ * 10 / 2.0)  # slowest rank's window
     assert t["tokens_per_s_per_device"] == pytest.approx(t["tokens_per_s"] / (dp * degree))
 
 
@@ -59,8 +70,11 @@ def _worker(rank: int, world: int, out: str) -> None:
             for m in allm:
                 union.update(m)
             ok_ids = all(tokens[r, p].item() == t for (r, p), t in union.items())
-            found[f"{scheme}/{degree}/{dp}"] = {"unique": len(union), "ids_match": ok_ids,
-                                                "counted": tokens_per_step(par, BATCH, SEQ)}
+            found[f"{scheme}/{degree}/{dp}"] = {
+                "unique": len(union),
+                "ids_match": ok_ids,
+                "counted": tokens_per_step(par, BATCH, SEQ),
+            }
         dist.barrier()
     if rank == 0:
         Path(out).write_text(json.dumps(found))
@@ -81,7 +95,8 @@ def test_runner_count_equals_unique_tokens_fed(gathered, scheme, degree, dp):
     assert g["unique"] == dp * BATCH * SEQ
     assert g["counted"] == g["unique"], (
         f"tokens_per_step={g['counted']} but the ranks of {scheme} (degree {degree}, dp {dp}) together "
-        f"consume {g['unique']} unique tokens per step")
+        f"consume {g['unique']} unique tokens per step"
+    )
 
 
 def test_non_vacuous():

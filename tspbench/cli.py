@@ -1,16 +1,141 @@
-"""Where the Hydra configuration lives, and the structured schemas registered in Hydra's ConfigStore."""
+"""Command-line plumbing the entry points share: the structured schemas in Hydra's ConfigStore, composing a
+typed config from `key=value` overrides (the same way in `python -m tspbench`, `.verify` and `.estimate`, so
+the same override means the same thing everywhere and a bad one gets the same one-line error), and `--help`
+written from the dataclasses' attribute docstrings.
+"""
+
 from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import textwrap
+import typing
+from typing import Any
 
 from hydra.core.config_store import ConfigStore
 
-from tspbench.config import ModelConfig
+from tspbench.config import ConfigError, ModelConfig
 from tspbench.paths import conf_dir
 
 CONF_DIR = conf_dir()
-"""The configuration root (model/, scheme/, hardware/, exp/ groups; tspbench.paths)."""
+"""The configuration root (model/, scheme_opts/, hardware/, exp/, faults/ groups; tspbench.paths)."""
 
 
 def register() -> ConfigStore:
+    """The schemas every config root shares (the `model` group is typed by ModelConfig)."""
     cs = ConfigStore.instance()
     cs.store(group="model", name="model_schema", node=ModelConfig)
     return cs
+
+
+def compose(config_name: str, overrides: list[str]) -> Any:
+    """Hydra's Compose API (no output directories, no @hydra.main) on conf/<config_name>.yaml → the typed
+    object. Hydra's and OmegaConf's errors (a misspelt key, a value of the wrong type, an unknown preset)
+    become a ConfigError with one line."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        with initialize_config_dir(str(CONF_DIR), version_base=None):
+            cfg = hydra_compose(config_name, overrides=overrides)
+        return OmegaConf.to_object(cfg)
+    except (HydraException, OmegaConfBaseException) as e:
+        raise ConfigError(one_line(e)) from None
+
+
+def one_line(e: BaseException) -> str:
+    """The first non-empty line of an exception's message (Hydra's are multi-line)."""
+    return next((line.strip() for line in str(e).splitlines() if line.strip()), type(e).__name__)
+
+
+def hardware_name(hw: Any) -> str | None:
+    """The profile's name whether the config holds a name or the `hardware/` group's dict."""
+    if hw is None or isinstance(hw, str):
+        return hw
+    if isinstance(hw, dict):
+        return hw.get("name")
+    return getattr(hw, "name", None)
+
+
+# ---------------------------------------------------------------------------------------------- --help
+def field_docs(cls: type) -> dict[str, str]:
+    """Attribute docstrings of a dataclass (the string literal right after each field), base classes
+    included; a subclass's own docstring wins."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if not dataclasses.is_dataclass(klass):
+            continue
+        body = ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0].body  # type: ignore[attr-defined]
+        for node, nxt in zip(body, body[1:]):
+            if (
+                isinstance(node, ast.AnnAssign)
+                and isinstance(node.target, ast.Name)
+                and isinstance(nxt, ast.Expr)
+                and isinstance(nxt.value, ast.Constant)
+                and isinstance(nxt.value.value, str)
+            ):
+                docs[node.target.id] = " ".join(nxt.value.value.split())
+    return docs
+
+
+def help_text(prog: str, defaults: Any, intro: str, examples: list[str], groups: dict[str, str] | None = None) -> str:
+    """`--help` for a CLI whose options are the fields of the dataclass instance `defaults` (the config composed
+    without overrides, so the values shown are the ones a run gets), nested dataclasses as prefix.field."""
+    cls = type(defaults)
+    lines = [
+        f"usage: python -m {prog} [key=value ...]",
+        "",
+        intro.strip(),
+        "",
+        "options (key=value; every field of the typed config, with its default):",
+    ]
+    hints = typing.get_type_hints(cls)
+    docs = field_docs(cls)
+    for f in dataclasses.fields(cls):
+        default = getattr(defaults, f.name)
+        if dataclasses.is_dataclass(hints.get(f.name)):
+            sub = hints[f.name]
+            what = (groups or {}).get(f.name, "")
+            lines.append(_row(f"{f.name}=NAME", (docs.get(f.name, "") + (" " + what if what else "")).strip()))
+            sub_docs = field_docs(sub)
+            for sf in dataclasses.fields(sub):
+                lines.append(
+                    _row(f"  {f.name}.{sf.name}={_show(getattr(default, sf.name))}", sub_docs.get(sf.name, ""))
+                )
+            continue
+        lines.append(_row(f"{f.name}={_show(default)}", docs.get(f.name, "")))
+    if examples:
+        lines += ["", "examples:", *(f"  {e}" for e in examples)]
+    return "\n".join(lines) + "\n"
+
+
+def _show(value: Any) -> str:
+    """A value as it is typed on the command line."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(map(_show, value)) + "]"
+    if isinstance(value, dict):
+        return str(value.get("name", "{...}"))
+    return str(value)
+
+
+def _row(key: str, doc: str, width: int = 34) -> str:
+    wrapped = textwrap.wrap(doc, 110 - width) or [""]
+    first = f"  {key:<{width}} {wrapped[0]}" if len(key) < width else f"  {key}\n  {'':<{width}} {wrapped[0]}"
+    return "\n".join([first, *(f"  {'':<{width}} {w}" for w in wrapped[1:])])
+
+
+def presets(group: str) -> str:
+    """The presets of a config group, e.g. "llama3_8b | llama7b | small | tiny"."""
+    return " | ".join(sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml")))
+
+
+def wants_help(argv: list[str]) -> bool:
+    return any(a in ("-h", "--help") for a in argv)

@@ -4,6 +4,7 @@ Every field has an attribute docstring. `validate_*` raise `ConfigError` (a `Val
 actionable line naming the field and the allowed values; callers (verify, the runner) catch it and
 print that line before any rank is spawned.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -96,8 +97,8 @@ class ParallelConfig:
     @property
     def vocab_degree(self) -> int:
         """Ranks the embedding / LM-head vocabulary is split over: the tensor axis of tp, tp_msp and tp_sp
-        (Megatron's vocabulary-parallel embedding and cross-entropy); 1 (replicated) for sp and tsp (docs/method.md#choice-embedding); D with
-        vocab=ring; 1 with vocab=replicated."""
+        (Megatron's vocabulary-parallel embedding and cross-entropy); 1 (replicated) for sp and tsp
+        (docs/method.md#choice-embedding); D with vocab=ring; 1 with vocab=replicated."""
         if self.vocab == "replicated":
             return 1
         if self.vocab == "ring":
@@ -146,53 +147,69 @@ def validate_model(m: ModelConfig) -> None:
     for f in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_hidden"):
         _need(getattr(m, f) >= 1, f"model.{f}={getattr(m, f)} must be a positive integer")
     _need(m.dim % m.n_heads == 0, f"model.dim={m.dim} must be divisible by model.n_heads={m.n_heads}")
-    _need(m.n_heads % m.n_kv_heads == 0,
-          f"model.n_kv_heads={m.n_kv_heads} must divide model.n_heads={m.n_heads} (GQA)")
+    _need(m.n_heads % m.n_kv_heads == 0, f"model.n_kv_heads={m.n_kv_heads} must divide model.n_heads={m.n_heads} (GQA)")
     _need(m.head_dim % 2 == 0, f"model.dim/n_heads={m.head_dim} must be even for RoPE")
 
 
-def validate_parallel(m: ModelConfig, p: ParallelConfig, seq_len: int, batch: int = 1,
-                      world_size: int | None = None) -> None:
+def validate_parallel(
+    m: ModelConfig, p: ParallelConfig, seq_len: int, batch: int = 1, world_size: int | None = None
+) -> None:
     """Check that the scheme can shard this model and sequence; raise one actionable line if not."""
     validate_model(m)
     _need(p.scheme in SCHEMES, f"scheme={p.scheme!r} is unknown; allowed: {', '.join(SCHEMES)}")
-    _need(p.sp_variant in SP_VARIANTS,
-          f"sp_variant={p.sp_variant!r} is unknown; allowed: {', '.join(SP_VARIANTS)}")
+    _need(p.sp_variant in SP_VARIANTS, f"sp_variant={p.sp_variant!r} is unknown; allowed: {', '.join(SP_VARIANTS)}")
     _need(p.recompute in RECOMPUTE, f"recompute={p.recompute!r} is unknown; allowed: {', '.join(RECOMPUTE)}")
     _need(p.vocab in VOCAB, f"vocab={p.vocab!r} is unknown; allowed: {', '.join(VOCAB)}")
-    _need(p.vocab != "ring" or p.scheme == "tsp",
-          f"vocab=ring is a TSP option (scheme=tsp); scheme={p.scheme} allows vocab=auto|replicated")
+    _need(
+        p.vocab != "ring" or p.scheme == "tsp",
+        f"vocab=ring is a TSP option (scheme=tsp); scheme={p.scheme} allows vocab=auto|replicated",
+    )
     _need(p.degree >= 1, f"degree={p.degree} must be ≥ 1")
     _need(p.dp >= 1, f"dp={p.dp} must be ≥ 1")
     _need(seq_len >= 1 and batch >= 1, f"seq_len={seq_len} and batch={batch} must be ≥ 1")
     if p.scheme == "single":
         _need(p.degree == 1, f"degree={p.degree} is not allowed for scheme=single; use degree=1")
     elif p.degree == 1:
-        raise ConfigError(f"degree=1 makes scheme={p.scheme} the single-device model; "
-                          f"use scheme=single or degree ≥ 2")
+        raise ConfigError(f"degree=1 makes scheme={p.scheme} the single-device model; use scheme=single or degree ≥ 2")
     if world_size is not None:
-        _need(world_size == p.world_size,
-              f"world size {world_size} ≠ dp × degree = {p.dp} × {p.degree}; set dp={world_size // max(p.degree, 1)} "
-              f"or degree so that dp × degree = {world_size}")
+        _need(
+            world_size == p.world_size,
+            f"world size {world_size} ≠ dp × degree = {p.dp} × {p.degree}; set dp={world_size // max(p.degree, 1)} "
+            f"or degree so that dp × degree = {world_size}",
+        )
     t, s = p.tp_degree, p.sp_degree
     if p.scheme == "tp_sp":
         _need(p.degree % t == 0, f"tp={t} must divide degree={p.degree}; allowed: {_divisors(p.degree)}")
         _need(t >= 1 and s >= 1, f"tp={t} gives Σ={s}; allowed tp: {_divisors(p.degree)}")
     if t > 1:
-        _need(m.n_heads % t == 0, f"model.n_heads={m.n_heads} must be divisible by the tensor degree {t} "
-              f"(scheme={p.scheme}); allowed degrees: {_divisors(m.n_heads)}")
-        _need(m.n_kv_heads % t == 0, f"model.n_kv_heads={m.n_kv_heads} must be divisible by the tensor degree "
-              f"{t} (scheme={p.scheme}); allowed degrees: {_divisors(m.n_kv_heads)}")
-        _need(m.ffn_hidden % t == 0, f"model.ffn_hidden={m.ffn_hidden} must be divisible by the tensor degree "
-              f"{t} (scheme={p.scheme})")
+        _need(
+            m.n_heads % t == 0,
+            f"model.n_heads={m.n_heads} must be divisible by the tensor degree {t} "
+            f"(scheme={p.scheme}); allowed degrees: {_divisors(m.n_heads)}",
+        )
+        _need(
+            m.n_kv_heads % t == 0,
+            f"model.n_kv_heads={m.n_kv_heads} must be divisible by the tensor degree "
+            f"{t} (scheme={p.scheme}); allowed degrees: {_divisors(m.n_kv_heads)}",
+        )
+        _need(
+            m.ffn_hidden % t == 0,
+            f"model.ffn_hidden={m.ffn_hidden} must be divisible by the tensor degree {t} (scheme={p.scheme})",
+        )
     v = p.vocab_degree
     if v > 1:
-        _need(m.vocab_size % v == 0, f"model.vocab_size={m.vocab_size} must be divisible by the degree {v} "
-              f"(scheme={p.scheme} vocab={p.vocab} splits the embedding and LM head by vocabulary); e.g. "
-              f"model.vocab_size={v * -(-m.vocab_size // v)}")
+        _need(
+            m.vocab_size % v == 0,
+            f"model.vocab_size={m.vocab_size} must be divisible by the degree {v} "
+            f"(scheme={p.scheme} vocab={p.vocab} splits the embedding and LM head by vocabulary); e.g. "
+            f"model.vocab_size={v * -(-m.vocab_size // v)}",
+        )
     if s > 1:
-        _need(seq_len % (2 * s) == 0, f"seq_len={seq_len} must be divisible by 2×(sequence degree {s}) = {2 * s} "
-              f"for the zigzag layout (scheme={p.scheme}); e.g. seq_len={2 * s * max(1, seq_len // (2 * s))}")
+        _need(
+            seq_len % (2 * s) == 0,
+            f"seq_len={seq_len} must be divisible by 2×(sequence degree {s}) = {2 * s} "
+            f"for the zigzag layout (scheme={p.scheme}); e.g. seq_len={2 * s * max(1, seq_len // (2 * s))}",
+        )
     if p.scheme == "tp_msp":
         _need(seq_len % t == 0, f"seq_len={seq_len} must be divisible by degree={t} for scheme=tp_msp")
 

@@ -1,7 +1,8 @@
-"""`python -m tspbench.estimate ...`: entry point; the estimate lives in tspbench.predict.estimate."""
+"""`python -m tspbench.estimate ...`: entry point; the CLI lives in tspbench.predict.estimate_cli."""
+
 import sys
 
-from tspbench.predict.estimate import main
+from tspbench.predict.estimate_cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

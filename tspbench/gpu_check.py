@@ -1,4 +1,5 @@
 """`python -m tspbench.gpu_check ...`: entry point; the check lives in tspbench.predict.gpu_check."""
+
 import sys
 
 from tspbench.predict.gpu_check import main

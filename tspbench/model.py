@@ -11,6 +11,7 @@ any token shard unchanged.
 Shape legend: B batch, S sequence (S_loc: this rank's tokens), h = dim, n_h / n_kv heads, d head dim,
 V vocabulary, F·h = ffn_hidden.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -30,8 +31,9 @@ from tspbench.config import ModelConfig
 # scheme can materialise just the slice it needs without building the whole model first, and every
 # scheme starts from bit-identical weights.
 # ---------------------------------------------------------------------------------------------------
-def init_full_param(name: str, shape: tuple[int, ...], seed: int, dtype: torch.dtype,
-                    device: torch.device | str = "cpu") -> torch.Tensor:
+def init_full_param(
+    name: str, shape: tuple[int, ...], seed: int, dtype: torch.dtype, device: torch.device | str = "cpu"
+) -> torch.Tensor:
     if name.endswith("norm.weight"):
         return torch.ones(shape, dtype=dtype, device=device)
     digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
@@ -113,11 +115,11 @@ class LayerKV:
 
     @property
     def k(self) -> torch.Tensor | None:
-        return None if self._k is None else self._k[:, :, :self.length]
+        return None if self._k is None else self._k[:, :, : self.length]
 
     @property
     def v(self) -> torch.Tensor | None:
-        return None if self._v is None else self._v[:, :, :self.length]
+        return None if self._v is None else self._v[:, :, : self.length]
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Add new tokens' K/V (dim 2); returns the whole cache (views)."""
@@ -128,11 +130,11 @@ class LayerKV:
             for old, new in ((self._k, k), (self._v, v)):
                 buf = new.new_empty((*new.shape[:2], cap, new.shape[3]))
                 if old is not None:
-                    buf[:, :, :self.length] = old[:, :, :self.length]
+                    buf[:, :, : self.length] = old[:, :, : self.length]
                 bufs.append(buf)
             self._k, self._v = bufs
-        self._k[:, :, self.length:end] = k.detach()
-        self._v[:, :, self.length:end] = v.detach()
+        self._k[:, :, self.length : end] = k.detach()
+        self._v[:, :, self.length : end] = v.detach()
         self.length = end
         return self.k, self.v
 
@@ -156,19 +158,19 @@ class Attention(nn.Module):
         self.head_dim = d
         self.rope_theta = cfg.rope_theta
         self.kv: LayerKV | None = None
-        self.wq = nn.Parameter(torch.empty(cfg.n_heads * d, h))      # [n_h·d, h]
-        self.wk = nn.Parameter(torch.empty(cfg.n_kv_heads * d, h))   # [n_kv·d, h]
-        self.wv = nn.Parameter(torch.empty(cfg.n_kv_heads * d, h))   # [n_kv·d, h]
-        self.wo = nn.Parameter(torch.empty(h, cfg.n_heads * d))      # [h, n_h·d]
+        self.wq = nn.Parameter(torch.empty(cfg.n_heads * d, h))  # [n_h·d, h]
+        self.wk = nn.Parameter(torch.empty(cfg.n_kv_heads * d, h))  # [n_kv·d, h]
+        self.wv = nn.Parameter(torch.empty(cfg.n_kv_heads * d, h))  # [n_kv·d, h]
+        self.wo = nn.Parameter(torch.empty(h, cfg.n_heads * d))  # [h, n_h·d]
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         # x: [B, S, h]; positions: [S] = arange(S) for the reference
         q, k, v = project_qkv(x, self.wq, self.wk, self.wv, positions, self.head_dim, self.rope_theta)
         offset = 0
-        if self.kv is not None:                                      # serving: attend to the cache too
+        if self.kv is not None:  # serving: attend to the cache too
             offset = self.kv.length
             k, v = self.kv.append(k, v)
-        o = causal_attention(q, k, v, q_offset=offset)               # [B, n_h, S, d]
+        o = causal_attention(q, k, v, q_offset=offset)  # [B, n_h, S, d]
         return F.linear(o.transpose(1, 2).flatten(2), self.wo)
 
 
@@ -187,7 +189,7 @@ class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.w_gate = nn.Parameter(torch.empty(cfg.ffn_hidden, cfg.dim))  # [F·h, h]
-        self.w_up = nn.Parameter(torch.empty(cfg.ffn_hidden, cfg.dim))    # [F·h, h]
+        self.w_up = nn.Parameter(torch.empty(cfg.ffn_hidden, cfg.dim))  # [F·h, h]
         self.w_down = nn.Parameter(torch.empty(cfg.dim, cfg.ffn_hidden))  # [h, F·h]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -230,7 +232,7 @@ class Transformer(nn.Module):
         return caches
 
     @torch.no_grad()
-    def init_weights(self, seed: int) -> "Transformer":
+    def init_weights(self, seed: int) -> Transformer:
         for name, p in self.named_parameters():
             p.copy_(init_full_param(name, tuple(p.shape), seed, p.dtype, p.device))
         return self
@@ -256,8 +258,13 @@ def token_loss_sum(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="sum")
 
 
-def build_model(cfg: ModelConfig, seed: int, dtype: torch.dtype = torch.float32,
-                device: torch.device | str = "cpu", recompute: str = "none") -> Transformer:
+def build_model(
+    cfg: ModelConfig,
+    seed: int,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+    recompute: str = "none",
+) -> Transformer:
     with torch.device(device):
         m = Transformer(cfg, recompute)
     return m.to(dtype).init_weights(seed)

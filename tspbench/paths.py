@@ -5,6 +5,7 @@ repository's top level, where users look for it, and is installed as the package
 (pyproject.toml maps one onto the other), so a wheel carries it. Results and reports are written under the
 current working directory, never next to the installed package.
 """
+
 from __future__ import annotations
 
 from importlib import resources

@@ -4,6 +4,7 @@ The benchmark runner uses torch's elastic launcher instead (launch.py); this is 
 for correctness checks: `torch.multiprocessing` spawn, a file rendezvous (no ports to collide), gloo on
 CPU and NCCL on CUDA.
 """
+
 from __future__ import annotations
 
 import os
@@ -26,8 +27,13 @@ def _entry(rank: int, world: int, init_file: str, device: str, fn, args) -> None
         # Parity checks compare float32 at float32 tolerance: TF32 GEMMs (10-bit mantissa) would not.
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
-    dist.init_process_group(backend_for(device), init_method=f"file://{init_file}", rank=rank,
-                            world_size=world, timeout=timedelta(seconds=300))
+    dist.init_process_group(
+        backend_for(device),
+        init_method=f"file://{init_file}",
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=300),
+    )
     try:
         fn(rank, world, *args)
     finally:
@@ -40,8 +46,9 @@ def spawn(fn, world: int, *args, device: str = "cpu") -> None:
     os.close(fd)
     os.unlink(init_file)  # the file store must not exist yet
     try:
-        mp.start_processes(_entry, args=(world, init_file, device, fn, args), nprocs=world,
-                           start_method="spawn", join=True)
+        mp.start_processes(
+            _entry, args=(world, init_file, device, fn, args), nprocs=world, start_method="spawn", join=True
+        )
     finally:
         if os.path.exists(init_file):
             os.unlink(init_file)

@@ -11,10 +11,11 @@ Bus bandwidth (nccl-tests doc/PERFORMANCE.md; docs/method.md#collective-cost): a
 factor, factor (p−1)/p for all-gather / reduce-scatter, 2(p−1)/p for all-reduce, 1 for broadcast and
 point-to-point.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -23,8 +24,13 @@ OPS = ("all_gather", "reduce_scatter", "all_reduce", "broadcast", "sendrecv", "s
 
 
 def bus_factor(op: str, p: int) -> float:
-    return {"all_gather": (p - 1) / p, "reduce_scatter": (p - 1) / p, "all_reduce": 2 * (p - 1) / p,
-            "broadcast": 1.0, "sendrecv": 1.0}.get(op, 1.0)
+    return {
+        "all_gather": (p - 1) / p,
+        "reduce_scatter": (p - 1) / p,
+        "all_reduce": 2 * (p - 1) / p,
+        "broadcast": 1.0,
+        "sendrecv": 1.0,
+    }.get(op, 1.0)
 
 
 def device_for(world: int) -> torch.device:
@@ -65,6 +71,7 @@ def make_op(op: str, numel: int, device: torch.device) -> tuple[Callable[[], Non
             for r in comm.start_shift(send, recv):
                 r.wait()
             sync(device)
+
         return ring, numel * 4
     if op == "sharded_linear":
         # Megatron row-parallel linear: Y = Σ_r X_r·W_rᵀ, input features split over ranks, then all-reduce.
@@ -75,8 +82,8 @@ def make_op(op: str, numel: int, device: torch.device) -> tuple[Callable[[], Non
     if op == "attention":
         # One SP/TSP attention step: all-gather K and V along the sequence (zigzag shards), then causal
         # attention of the local queries (tspbench.schemes.sp.attend_sequence, forward only).
-        from tspbench.schemes.ops.layout import SeqLayout
         from tspbench.schemes.ops.kv_exchange import attend_sequence
+        from tspbench.schemes.ops.layout import SeqLayout
 
         heads, d, seq = 4, 32, max(4 * p, numel)
         layout = SeqLayout(seq, p, comm.rank)
@@ -90,8 +97,9 @@ def init(rank: int, world: int, init_file: str) -> torch.device:
     backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= world else "gloo"
     if backend == "nccl":
         torch.cuda.set_device(rank)
-    dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=120))
+    dist.init_process_group(
+        backend, init_method=f"file://{init_file}", rank=rank, world_size=world, timeout=timedelta(seconds=120)
+    )
     return device_for(world)
 
 

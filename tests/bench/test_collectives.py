@@ -5,23 +5,23 @@ process (rank 0, timed by pytest-benchmark) and a mirror process (rank 1), see _
 with an explicit device sync; `extra_info` carries bytes, algbw and busbw (nccl-tests factors). On CPU
 these are gloo numbers: they check the harness and calibrate nothing on a GPU (docs/method.md#peak-memory).
 """
+
 from __future__ import annotations
 
 import os
 import statistics
 import tempfile
 
+import _mirror
 import pytest
 import torch.distributed as dist
 import torch.multiprocessing as mp
-
-import _mirror
 
 pytestmark = pytest.mark.bench
 
 WORLD = 2
 ROUNDS, WARMUP = 10, 2
-SIZES = [1 << 10, 1 << 16, 1 << 20]            # float32 elements: 4 KiB, 256 KiB, 4 MiB
+SIZES = [1 << 10, 1 << 16, 1 << 20]  # float32 elements: 4 KiB, 256 KiB, 4 MiB
 
 
 @pytest.fixture(scope="module")
@@ -45,14 +45,20 @@ def run(benchmark, device, op: str, numel: int) -> None:
     _mirror.command(device, op, numel, count)
     fn, nbytes = _mirror.make_op(op, numel, device)
     benchmark.pedantic(fn, rounds=ROUNDS, warmup_rounds=WARMUP, iterations=1)
-    benchmark.extra_info.update({"op": op, "world": WORLD, "backend": dist.get_backend(), "bytes": nbytes,
-                                 "device": device.type})
+    benchmark.extra_info.update(
+        {"op": op, "world": WORLD, "backend": dist.get_backend(), "bytes": nbytes, "device": device.type}
+    )
     if not benchmark.disabled:
         t = statistics.median(benchmark.stats.stats.data)
         algbw = nbytes / t / 1e9
-        benchmark.extra_info.update({"median_s": t, "algbw_GBps": algbw,
-                                     "busbw_GBps": algbw * _mirror.bus_factor(op, WORLD),
-                                     "bus_factor": _mirror.bus_factor(op, WORLD)})
+        benchmark.extra_info.update(
+            {
+                "median_s": t,
+                "algbw_GBps": algbw,
+                "busbw_GBps": algbw * _mirror.bus_factor(op, WORLD),
+                "bus_factor": _mirror.bus_factor(op, WORLD),
+            }
+        )
 
 
 @pytest.mark.parametrize("numel", SIZES)

@@ -1,6 +1,7 @@
 """A normal, non-editable install works from any directory: the wheel carries conf/ (as tspbench.conf), verify
 and a smoke experiment run from a directory that is not the repository, and results and reports land under
 that working directory, not next to the installed package."""
+
 from __future__ import annotations
 
 import os
@@ -19,8 +20,23 @@ def installed(tmp_path_factory) -> Path:
     target = tmp_path_factory.mktemp("site")
     # --no-deps: torch, Hydra, pandas come from this environment; --no-build-isolation: no download of
     # setuptools; a wheel is built and installed (not an editable link to the checkout).
-    proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-                           "--target", str(target), str(ROOT)], capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "--target",
+            str(target),
+            str(ROOT),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (target / "tspbench" / "conf" / "config.yaml").exists(), "conf/ is not in the wheel"
     assert (target / "tspbench" / "report" / "templates").is_dir()
@@ -34,8 +50,9 @@ def run(installed: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_installed_package_is_the_one_imported(installed, tmp_path):
-    p = run(installed, tmp_path, "-c", "import tspbench, tspbench.paths as p; print(tspbench.__file__); "
-                                       "print(p.conf_dir())")
+    p = run(
+        installed, tmp_path, "-c", "import tspbench, tspbench.paths as p; print(tspbench.__file__); print(p.conf_dir())"
+    )
     assert p.returncode == 0, p.stderr
     pkg, conf = p.stdout.split()
     assert Path(pkg).is_relative_to(installed) and Path(conf) == installed / "tspbench" / "conf"
@@ -48,8 +65,20 @@ def test_verify_from_another_directory(installed, tmp_path):
 
 
 def test_smoke_experiment_from_another_directory(installed, tmp_path):
-    p = run(installed, tmp_path, "-m", "tspbench", "+exp=smoke", "schemes=[tp]", "seq_len=32", "model.n_layers=1",
-            "warmup_steps=1", "measured_steps=2", "progress=false", "memory_breakdown=false")
+    p = run(
+        installed,
+        tmp_path,
+        "-m",
+        "tspbench",
+        "+exp=smoke",
+        "schemes=[tp]",
+        "seq_len=32",
+        "model.n_layers=1",
+        "warmup_steps=1",
+        "measured_steps=2",
+        "progress=false",
+        "memory_breakdown=false",
+    )
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     results = list((tmp_path / "results").rglob("results.jsonl"))
     reports = list((tmp_path / "reports").glob("smoke-*.html"))

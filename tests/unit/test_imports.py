@@ -5,6 +5,7 @@ The graph is read from the source with `ast` (no import is executed), function-l
 lazy import that hides a cycle is caught too. `from A import b` is an edge to module A.b when that file
 exists, else to A.
 """
+
 from __future__ import annotations
 
 import ast
@@ -25,8 +26,14 @@ LAYERS: list[tuple[str, ...]] = [
     ("tspbench.run", "tspbench.verify", "tspbench.paper"),
     ("tspbench.report",),
     # entry points: the CLIs and the Hydra callback that ends a sweep with its report
-    ("tspbench.__main__", "tspbench.run.callbacks", "tspbench.estimate", "tspbench.gpu_check", "tspbench.validate",
-     "tspbench.plan"),
+    (
+        "tspbench.__main__",
+        "tspbench.run.callbacks",
+        "tspbench.estimate",
+        "tspbench.gpu_check",
+        "tspbench.validate",
+        "tspbench.plan",
+    ),
 ]
 
 
@@ -58,9 +65,9 @@ def import_graph() -> dict[str, set[str]]:
                 targets = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom):
                 base = node.module or ""
-                if node.level:                                   # relative import
+                if node.level:  # relative import
                     anchor = mod.split(".") if is_pkg else mod.split(".")[:-1]
-                    anchor = anchor[:len(anchor) - node.level + 1]
+                    anchor = anchor[: len(anchor) - node.level + 1]
                     base = ".".join([*anchor, base] if base else anchor)
                 targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
             for t in targets:
@@ -123,8 +130,12 @@ def test_no_import_cycle():
 
 def test_imports_point_down_the_layers():
     graph = import_graph()
-    upward = [f"{a} (layer {layer_of(a)}) imports {b} (layer {layer_of(b)})"
-              for a, deps in sorted(graph.items()) for b in sorted(deps) if layer_of(b) > layer_of(a)]
+    upward = [
+        f"{a} (layer {layer_of(a)}) imports {b} (layer {layer_of(b)})"
+        for a, deps in sorted(graph.items())
+        for b in sorted(deps)
+        if layer_of(b) > layer_of(a)
+    ]
     assert not upward, "\n".join(upward)
 
 
@@ -134,5 +145,5 @@ def test_the_checks_can_fail():
     assert cycles(g) == [["tspbench.a", "tspbench.b"]]
     assert layer_of("tspbench.report.build") > layer_of("tspbench.schemes.tsp")
     graph = import_graph()
-    assert "tspbench.schemes.comm" in graph["tspbench.schemes.tsp"]    # the parser sees real edges
+    assert "tspbench.schemes.comm" in graph["tspbench.schemes.tsp"]  # the parser sees real edges
     assert "tspbench.verify.serve" in graph["tspbench.verify.runner"]  # including function-level ones

@@ -9,23 +9,24 @@ ROCm/amdsmi#38, #115). Without a trusted counter, energy is the integral of the 
 
 Where nothing exists (CPU runs), energy is `None` with `energy_reason`, never 0.
 """
+
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Optional
 
 import torch
 
 
 @dataclass
 class EnergyResult:
-    energy_j: Optional[float] = None
-    avg_power_w: Optional[float] = None
-    method: Optional[str] = None          # "counter" | "sampled"
-    reason: Optional[str] = None          # why energy is None, or a caveat
-    timeline: Optional[list] = None       # [[seconds since window start, watts], ...]
+    energy_j: float | None = None
+    avg_power_w: float | None = None
+    method: str | None = None  # "counter" | "sampled"
+    reason: str | None = None  # why energy is None, or a caveat
+    timeline: list | None = None  # [[seconds since window start, watts], ...]
 
 
 class _PowerSampler(threading.Thread):
@@ -50,7 +51,7 @@ class _PowerSampler(threading.Thread):
         return self.samples
 
 
-def _integrate(samples: list[list[float]], duration_s: float) -> Optional[float]:
+def _integrate(samples: list[list[float]], duration_s: float) -> float | None:
     """Trapezoidal integral of the power samples, held flat to the window edges."""
     if not samples:
         return None
@@ -63,9 +64,9 @@ class EnergyMeter:
 
     def __init__(self, device: torch.device, sample_s: float = 0.1):
         self.device, self.sample_s = device, sample_s
-        self.read_mj: Optional[Callable[[], float]] = None   # cumulative energy, millijoules
-        self.read_w: Optional[Callable[[], float]] = None    # instantaneous power, watts
-        self.reason: Optional[str] = None
+        self.read_mj: Callable[[], float] | None = None  # cumulative energy, millijoules
+        self.read_w: Callable[[], float] | None = None  # instantaneous power, watts
+        self.reason: str | None = None
         if device.type != "cuda":
             self.reason = "no energy counter on CPU (NVML/amdsmi measure GPUs only)"
         elif getattr(torch.version, "hip", None):
@@ -77,13 +78,15 @@ class EnergyMeter:
     def _open_nvml(self, index: int) -> None:
         try:
             import pynvml
+
             from tspbench.measure.memory import _nvml_index
+
             pynvml.nvmlInit()
             h = pynvml.nvmlDeviceGetHandleByIndex(_nvml_index(index))
         except Exception as e:  # noqa: BLE001
             self.reason = f"NVML unavailable: {type(e).__name__}: {e}"
             return
-        self.read_w = lambda: pynvml.nvmlDeviceGetPowerUsage(h) / 1e3            # mW → W
+        self.read_w = lambda: pynvml.nvmlDeviceGetPowerUsage(h) / 1e3  # mW → W
         try:
             pynvml.nvmlDeviceGetTotalEnergyConsumption(h)
             self.read_mj = lambda: float(pynvml.nvmlDeviceGetTotalEnergyConsumption(h))
@@ -93,6 +96,7 @@ class EnergyMeter:
     def _open_amdsmi(self, index: int) -> None:
         try:
             import amdsmi
+
             amdsmi.amdsmi_init()
             h = amdsmi.amdsmi_get_processor_handles()[index]
         except Exception as e:  # noqa: BLE001
@@ -110,7 +114,7 @@ class EnergyMeter:
         def read_mj() -> float:
             e = amdsmi.amdsmi_get_energy_count(h)
             ticks = e.get("energy_accumulator", e.get("power"))
-            return float(ticks) * float(e["counter_resolution"]) / 1e3           # µJ → mJ
+            return float(ticks) * float(e["counter_resolution"]) / 1e3  # µJ → mJ
 
         self.read_w = read_w
         try:
@@ -144,8 +148,9 @@ class EnergyMeter:
         return EnergyResult(None, None, None, self.reason or "no power readings", None)
 
 
-def validate_counter(read_mj: Callable[[], float], read_w: Callable[[], float],
-                     wait_s: float = 0.5) -> tuple[bool, str]:
+def validate_counter(
+    read_mj: Callable[[], float], read_w: Callable[[], float], wait_s: float = 0.5
+) -> tuple[bool, str]:
     """Zeus's check (zeus/device/gpu/amd.py): counter delta over `wait_s` vs power × time within 0.1–10×."""
     e0, w0 = read_mj(), read_w()
     time.sleep(wait_s)

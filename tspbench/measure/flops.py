@@ -2,11 +2,11 @@
 tspbench.predict.costmodel.flops (one set, shared with the estimate and the cost model).
 
 MFU = FLOPs/token × tokens/s ÷ (peak × world size). The peak comes from a table keyed by device name
-(torchtitan `get_peak_flops`, bf16 dense) and every record stores the value and its source; a device not in the table gets `None` with a reason, never a guess.
+(torchtitan `get_peak_flops`, bf16 dense) and every record stores the value and its source; a device not in the
+table gets `None` with a reason, never a guess.
 """
-from __future__ import annotations
 
-from typing import Optional
+from __future__ import annotations
 
 # (substring of the device name, bf16 dense peak FLOP/s, source). Order matters: first match wins.
 PEAK_FLOPS: list[tuple[str, float, str]] = [
@@ -27,7 +27,7 @@ PEAK_FLOPS: list[tuple[str, float, str]] = [
 ]
 
 
-def peak_flops(device_name: Optional[str], device_type: str) -> tuple[Optional[float], str]:
+def peak_flops(device_name: str | None, device_type: str) -> tuple[float | None, str]:
     """(peak FLOP/s per device, source) or (None, reason)."""
     if device_type == "cpu":
         return None, "no peak-FLOPs entry for CPU: MFU is not meaningful for gloo/CPU runs"
@@ -37,8 +37,7 @@ def peak_flops(device_name: Optional[str], device_type: str) -> tuple[Optional[f
     return None, f"device {device_name!r} is not in the peak-FLOPs table (tspbench.measure.flops.PEAK_FLOPS)"
 
 
-def mfu_pct(flops_token: float, tokens_per_s: Optional[float], peak: Optional[float],
-            world_size: int) -> Optional[float]:
+def mfu_pct(flops_token: float, tokens_per_s: float | None, peak: float | None, world_size: int) -> float | None:
     if tokens_per_s is None or peak is None:
         return None
     return 100.0 * flops_token * tokens_per_s / (peak * world_size)

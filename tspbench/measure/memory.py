@@ -15,18 +15,34 @@ Communication buffers are not a MemTracker category: collective outputs are coun
 temporaries. `mem_comm_buffers_gib` is reported beside them (the largest single collective buffer of a
 step, from the CommLog), not added to the total.
 """
+
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
 GIB = float(2**30)
-BREAKDOWN_KEYS = ("mem_params_gib", "mem_grads_gib", "mem_optimizer_gib", "mem_activations_gib",
-                  "mem_temporaries_gib", "mem_other_gib", "mem_total_gib")
-CATEGORIES = {"Parameter": "params", "Gradient": "grads", "Optstate": "optimizer", "Activation": "activations",
-              "Temp": "temporaries", "Buffer": "buffers", "Other": "other"}
+BREAKDOWN_KEYS = (
+    "mem_params_gib",
+    "mem_grads_gib",
+    "mem_optimizer_gib",
+    "mem_activations_gib",
+    "mem_temporaries_gib",
+    "mem_other_gib",
+    "mem_total_gib",
+)
+CATEGORIES = {
+    "Parameter": "params",
+    "Gradient": "grads",
+    "Optstate": "optimizer",
+    "Activation": "activations",
+    "Temp": "temporaries",
+    "Buffer": "buffers",
+    "Other": "other",
+}
 
 
 def reset_peaks(device: torch.device) -> None:
@@ -37,29 +53,40 @@ def reset_peaks(device: torch.device) -> None:
 def device_peaks(device: torch.device, local_index: int | None = None) -> dict[str, Any]:
     """Allocator peaks since reset_peaks(); None (with `memory_reason`) where the device has none."""
     if device.type != "cuda":
-        return {"peak_allocated_gib": None, "peak_reserved_gib": None, "device_used_gib": None,
-                "num_ooms": None, "alloc_retries": None,
-                "memory_reason": "CPU: no caching-allocator peaks; see the mem_* breakdown"}
+        return {
+            "peak_allocated_gib": None,
+            "peak_reserved_gib": None,
+            "device_used_gib": None,
+            "num_ooms": None,
+            "alloc_retries": None,
+            "memory_reason": "CPU: no caching-allocator peaks; see the mem_* breakdown",
+        }
     stats = torch.cuda.memory_stats(device)
     used, reason = device_used_gib(device.index if local_index is None else local_index)
-    return {"peak_allocated_gib": torch.cuda.max_memory_allocated(device) / GIB,
-            "peak_reserved_gib": torch.cuda.max_memory_reserved(device) / GIB,
-            "device_used_gib": used, "num_ooms": stats.get("num_ooms", 0),
-            "alloc_retries": stats.get("num_alloc_retries", 0), "memory_reason": reason}
+    return {
+        "peak_allocated_gib": torch.cuda.max_memory_allocated(device) / GIB,
+        "peak_reserved_gib": torch.cuda.max_memory_reserved(device) / GIB,
+        "device_used_gib": used,
+        "num_ooms": stats.get("num_ooms", 0),
+        "alloc_retries": stats.get("num_alloc_retries", 0),
+        "memory_reason": reason,
+    }
 
 
-def device_used_gib(index: int) -> tuple[Optional[float], Optional[str]]:
+def device_used_gib(index: int) -> tuple[float | None, str | None]:
     """Used memory of the whole device (NVML, or amdsmi on ROCm)."""
     if getattr(torch.version, "hip", None):
         try:
             import amdsmi
+
             amdsmi.amdsmi_init()
             h = amdsmi.amdsmi_get_processor_handles()[index]
-            return amdsmi.amdsmi_get_gpu_vram_usage(h)["vram_used"] / 1024, None   # MiB → GiB
+            return amdsmi.amdsmi_get_gpu_vram_usage(h)["vram_used"] / 1024, None  # MiB → GiB
         except Exception as e:  # noqa: BLE001 - amdsmi missing or unsupported
             return None, f"amdsmi unavailable: {type(e).__name__}: {e}"
     try:
         import pynvml
+
         pynvml.nvmlInit()
         h = pynvml.nvmlDeviceGetHandleByIndex(_nvml_index(index))
         return pynvml.nvmlDeviceGetMemoryInfo(h).used / GIB, None
@@ -76,8 +103,9 @@ def _nvml_index(cuda_index: int) -> int:
 
 
 # ------------------------------------------------------------------------------------------ breakdown
-def breakdown(step: Callable[[], Any], module: torch.nn.Module, optimizer: Optional[torch.optim.Optimizer],
-              device: torch.device) -> dict[str, Any]:
+def breakdown(
+    step: Callable[[], Any], module: torch.nn.Module, optimizer: torch.optim.Optimizer | None, device: torch.device
+) -> dict[str, Any]:
     """Per-category bytes (GiB) at this rank's peak during one call of `step` (collective: every rank
     calls it). Returns mem_{params,grads,optimizer,activations,temporaries,total}_gib and the method."""
     try:
@@ -100,8 +128,9 @@ def _mem_tracker(step, module, optimizer, device) -> dict[str, Any]:
     if dev is None:
         raise RuntimeError(f"no {device.type} entry in MemTracker's snapshot")
     by_cat = {CATEGORIES.get(getattr(k, "value", k), str(k)): v for k, v in snap[dev].items() if k != "Total"}
-    out = {f"mem_{c}_gib": by_cat.get(c, 0) / GIB
-           for c in ("params", "grads", "optimizer", "activations", "temporaries")}
+    out = {
+        f"mem_{c}_gib": by_cat.get(c, 0) / GIB for c in ("params", "grads", "optimizer", "activations", "temporaries")
+    }
     out["mem_other_gib"] = (by_cat.get("buffers", 0) + by_cat.get("other", 0)) / GIB
     out["mem_total_gib"] = snap[dev]["Total"] / GIB
     out["mem_breakdown_method"] = "MemTracker (at the rank's peak, one untimed step)"
@@ -119,10 +148,16 @@ def _fallback(step, module, optimizer) -> dict[str, Any]:
     o = 0
     if optimizer is not None:
         o = sum(nbytes(v for v in st.values() if torch.is_tensor(v)) for st in optimizer.state.values())
-    return {"mem_params_gib": p / GIB, "mem_grads_gib": g / GIB, "mem_optimizer_gib": o / GIB,
-            "mem_activations_gib": saved[0] / GIB, "mem_temporaries_gib": None, "mem_other_gib": None,
-            "mem_total_gib": (p + g + o + saved[0]) / GIB,
-            "mem_breakdown_method": "tensors + saved-tensor hooks (grads/optimizer after the step)"}
+    return {
+        "mem_params_gib": p / GIB,
+        "mem_grads_gib": g / GIB,
+        "mem_optimizer_gib": o / GIB,
+        "mem_activations_gib": saved[0] / GIB,
+        "mem_temporaries_gib": None,
+        "mem_other_gib": None,
+        "mem_total_gib": (p + g + o + saved[0]) / GIB,
+        "mem_breakdown_method": "tensors + saved-tensor hooks (grads/optimizer after the step)",
+    }
 
 
 @contextlib.contextmanager

@@ -10,6 +10,7 @@ Tokens. One step consumes dp × B × S *unique* tokens, whatever the scheme: TP 
 SP/TSP ranks see disjoint slices of them, so multiplying by the TP or SP degree over-counts
 (pytorch/torchtitan#2983, huggingface/trl#7100) and dividing by it under-counts (prime-rl#2424).
 """
+
 from __future__ import annotations
 
 import statistics
@@ -41,15 +42,15 @@ class StepTimer:
         self.window_s = 0.0
 
     def start(self) -> None:
-        sync(self.device)                                    # window edge: device idle, clocks aligned
+        sync(self.device)  # window edge: device idle, clocks aligned
         self.t0 = time.perf_counter()
         self.marks = [self._mark()]
 
     def step(self) -> None:
-        self.marks.append(self._mark())                      # no sync: an event, or the host clock
+        self.marks.append(self._mark())  # no sync: an event, or the host clock
 
     def stop(self) -> list[float]:
-        sync(self.device)                                    # window edge
+        sync(self.device)  # window edge
         self.window_s = time.perf_counter() - self.t0
         if self.cuda:
             return [a.elapsed_time(b) for a, b in zip(self.marks, self.marks[1:])]
@@ -70,13 +71,16 @@ class StepTimer:
 def step_stats(per_rank_ms: list[list[float]]) -> dict[str, float]:
     """min / median / max over every rank's every measured step."""
     flat = [t for ts in per_rank_ms for t in ts]
-    return {"step_time_ms_min": min(flat), "step_time_ms_p50": statistics.median(flat),
-            "step_time_ms_max": max(flat)}
+    return {"step_time_ms_min": min(flat), "step_time_ms_p50": statistics.median(flat), "step_time_ms_max": max(flat)}
 
 
 def throughput(tokens_step: int, steps: int, window_s_per_rank: list[float], world_size: int) -> dict:
     """Global tokens/s over the slowest rank's window, and the same per device (÷ world size)."""
     window = max(window_s_per_rank)
     tps = tokens_step * steps / window if window > 0 else None
-    return {"tokens_per_step": tokens_step, "window_s": window, "tokens_per_s": tps,
-            "tokens_per_s_per_device": tps / world_size if tps is not None else None}
+    return {
+        "tokens_per_step": tokens_step,
+        "window_s": window,
+        "tokens_per_s": tps,
+        "tokens_per_s_per_device": tps / world_size if tps is not None else None,
+    }

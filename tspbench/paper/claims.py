@@ -3,6 +3,7 @@
 Every claim carries an id, value, unit, scheme, layout (degree, tp, sp; null when unknown), seq_len,
 n_gpus, hardware, source, label and note. `tspbench.paper.tables` puts model predictions beside them.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -12,8 +13,22 @@ import yaml
 from tspbench.paths import conf_dir
 
 CLAIMS_FILE = conf_dir() / "claims.yaml"
-REQUIRED_KEYS = ("id", "kind", "value", "unit", "scheme", "degree", "tp", "sp", "seq_len", "n_gpus",
-                 "hardware", "source", "label", "note")
+REQUIRED_KEYS = (
+    "id",
+    "kind",
+    "value",
+    "unit",
+    "scheme",
+    "degree",
+    "tp",
+    "sp",
+    "seq_len",
+    "n_gpus",
+    "hardware",
+    "source",
+    "label",
+    "note",
+)
 
 
 def load_claims(path: str | Path | None = None) -> list[dict]:

@@ -5,7 +5,8 @@ Uses only `tspbench.predict.costmodel` (closed-form formulas, no torch.distribut
 Reference model `LLAMA7B` (docs/method.md#published): h = 4096, L = 32, 32 query and 32 KV heads (MHA), gated MLP
 with ffn = 4h = 16384, 8.59B non-embedding parameters. The paper's vocabulary is not stated; we use
 Llama-2's V = 32000 with an untied LM head: split by vocabulary over the tensor axis in TP, TP+Megatron-SP and
-TP×SP (Megatron's vocabulary parallelism), replicated in SP and TSP (docs/method.md#choice-embedding), as in tspbench's code.
+TP×SP (Megatron's vocabulary parallelism), replicated in SP and TSP (docs/method.md#choice-embedding), as in
+tspbench's code.
 
 Memory setting. One setting for every scheme, chosen by `memory_setting_scan()` among honest discrete
 options (k = 16 or 18 bytes/param, recompute none or full, GB or GiB) and never by adding terms:
@@ -21,6 +22,7 @@ figure is closest to TP×SP T=2×Σ=4 and 140.0 GB to pure SP (T=1×Σ=8), as do
 other cells (TSP at 16K and 128K, TP at 16K) are all ~9 GB low, a near-constant gap whatever the scheme and
 length (TSP's 16K→128K growth matches), which no honest setting removes (see `_explain`).
 """
+
 from __future__ import annotations
 
 import itertools
@@ -28,11 +30,19 @@ from dataclasses import asdict, dataclass, replace
 
 import pandas as pd
 
-from tspbench.paper.claims import load_claims
 from tspbench.config import ModelConfig, ParallelConfig, model_preset
-from tspbench.predict.costmodel import (cluster_throughput, comm_per_layer, crossover_tokens, flops_per_token,
-                                grad_sync_bucket_elems, load_hardware, memory_breakdown,
-                                non_embedding_params, peak_phase)
+from tspbench.paper.claims import load_claims
+from tspbench.predict.costmodel import (
+    cluster_throughput,
+    comm_per_layer,
+    crossover_tokens,
+    flops_per_token,
+    grad_sync_bucket_elems,
+    load_hardware,
+    memory_breakdown,
+    non_embedding_params,
+    peak_phase,
+)
 
 LLAMA7B = model_preset("llama7b")
 SEQ_16K, SEQ_128K = 16384, 131072
@@ -47,11 +57,11 @@ class MemorySetting:
 
     optimizer: str = "adamw"
     dtype: str = "bfloat16"
-    grad_dtype: str | None = None        # None = dtype (bf16 grads, k = 16); "float32" gives k = 18
+    grad_dtype: str | None = None  # None = dtype (bf16 grads, k = 16); "float32" gives k = 18
     master_fp32: bool = True
     recompute: str = "full"
     batch: int = 1
-    unit: str = "GB"                     # how the published figures are read: decimal GB or GiB
+    unit: str = "GB"  # how the published figures are read: decimal GB or GiB
 
     @property
     def bytes_per_param(self) -> int:
@@ -63,8 +73,10 @@ PAPER_MEMORY_SETTING = MemorySetting()
 
 def layouts(degree: int = DEGREE) -> list[tuple[str, ParallelConfig]]:
     """TSP (D), TP (T), and every TP×SP factorisation T·Σ = degree (T = 1 is pure SP, T = degree is TP)."""
-    out = [(f"TSP D={degree}", ParallelConfig(scheme="tsp", degree=degree)),
-           (f"TP T={degree}", ParallelConfig(scheme="tp", degree=degree))]
+    out = [
+        (f"TSP D={degree}", ParallelConfig(scheme="tsp", degree=degree)),
+        (f"TP T={degree}", ParallelConfig(scheme="tp", degree=degree)),
+    ]
     for t in (t for t in range(1, degree + 1) if degree % t == 0):
         out.append((f"TP×SP T={t}×Σ={degree // t}", ParallelConfig(scheme="tp_sp", degree=degree, tp=t)))
     return out
@@ -75,11 +87,18 @@ def _memory_rows(setting: MemorySetting, hw_name: str = "mi300x") -> pd.DataFram
     rows = []
     for seq_len, (name, par) in itertools.product((SEQ_16K, SEQ_128K), layouts()):
         par = replace(par, recompute=setting.recompute)
-        mem = memory_breakdown(LLAMA7B, par, seq_len, setting.batch, mode="train", dtype=setting.dtype,
-                               optimizer=setting.optimizer, master_fp32=setting.master_fp32,
-                               grad_dtype=setting.grad_dtype)
-        row = {"seq_len": seq_len, "layout": name, "scheme": par.scheme, "tp": par.tp_degree,
-               "sp": par.sp_degree}
+        mem = memory_breakdown(
+            LLAMA7B,
+            par,
+            seq_len,
+            setting.batch,
+            mode="train",
+            dtype=setting.dtype,
+            optimizer=setting.optimizer,
+            master_fp32=setting.master_fp32,
+            grad_dtype=setting.grad_dtype,
+        )
+        row = {"seq_len": seq_len, "layout": name, "scheme": par.scheme, "tp": par.tp_degree, "sp": par.sp_degree}
         row.update({f"{k}_{setting.unit.lower()}": v / unit for k, v in mem.items() if k != "total"})
         row["predicted"] = mem["total"] / unit
         row["fits_device"] = mem["total"] <= hw.mem_bytes
@@ -96,15 +115,21 @@ def _attach_claims(df: pd.DataFrame) -> pd.DataFrame:
             continue
         mask = (df.seq_len == c["seq_len"]) & (df.layout.str.startswith("TSP" if c["scheme"] == "tsp" else "TP T="))
         df.loc[mask, ["claim_id", "claim"]] = [c["id"], c["value"]]
-    # docs/method.md#choice-tpsp-layouts: the layouts behind 85.0 and 140.0 GB are unknown. Candidates: T·Σ = 8 with Σ > 1. Assign the two
-    # claims to distinct layouts minimising the summed |relative deviation| (a nearest-prediction match).
+    # docs/method.md#choice-tpsp-layouts: the layouts behind 85.0 and 140.0 GB are unknown. Candidates: T·Σ = 8 with
+    # Σ > 1. Assign the two claims to distinct layouts minimising the summed |relative deviation| (a
+    # nearest-prediction match).
     open_claims = [c for c in claims if c["tp"] is None and c["scheme"] == "tp_sp"]
     cand = df[(df.seq_len == SEQ_128K) & (df.scheme == "tp_sp") & (df.sp > 1)]
-    best = min(itertools.permutations(cand.index, len(open_claims)),
-               key=lambda idx: sum(abs(df.predicted[i] / c["value"] - 1) for i, c in zip(idx, open_claims)))
+    best = min(
+        itertools.permutations(cand.index, len(open_claims)),
+        key=lambda idx: sum(abs(df.predicted[i] / c["value"] - 1) for i, c in zip(idx, open_claims)),
+    )
     for i, c in zip(best, open_claims):
         df.loc[i, ["claim_id", "claim"]] = [c["id"], c["value"]]
-        df.loc[i, "note"] = "layout not published (docs/method.md#choice-tpsp-layouts); assigned to the closest predicted T·Σ = 8 layout. "
+        df.loc[i, "note"] = (
+            "layout not published (docs/method.md#choice-tpsp-layouts); assigned to the closest predicted "
+            "T·Σ = 8 layout. "
+        )
     df["deviation_pct"] = 100 * (df.predicted / df.claim - 1)
     df["within_10pct"] = df.deviation_pct.abs() <= 10
     return df
@@ -119,32 +144,48 @@ def _explain(row: pd.Series, df: pd.DataFrame) -> str:
     low = claimed[~claimed.within_10pct & (claimed.predicted < claimed.claim)]
     if row.predicted < row.claim and len(low) >= 2:
         gaps = low.claim - low.predicted
-        text = (f"Low by {row.claim - row.predicted:.1f} {uname}. Every cell that misses is low by a near-constant "
-                f"{gaps.min():.1f}–{gaps.max():.1f} {uname} ({', '.join(sorted(set(low.layout)))} at "
-                f"{', '.join(f'{s // 1024}K' for s in sorted(set(low.seq_len)))})")
+        text = (
+            f"Low by {row.claim - row.predicted:.1f} {uname}. Every cell that misses is low by a near-constant "
+            f"{gaps.min():.1f}–{gaps.max():.1f} {uname} ({', '.join(sorted(set(low.layout)))} at "
+            f"{', '.join(f'{s // 1024}K' for s in sorted(set(low.seq_len)))})"
+        )
         same = claimed[(claimed.scheme == row.scheme) & (claimed.seq_len != row.seq_len)]
         if len(same):
             o = same.iloc[0]
             lo, hi = sorted([(row.seq_len, row), (o.seq_len, o)], key=lambda x: x[0])
-            text += (f", and {row.layout}'s growth from {lo[0] // 1024}K to {hi[0] // 1024}K is "
-                     f"{hi[1].predicted - lo[1].predicted:.1f} {uname} here vs {hi[1].claim - lo[1].claim:.1f} "
-                     "published")
-        return text + (": the published figures hold a fixed term tspbench does not allocate (allocator reserve vs "
-                       "allocated, RCCL/workspace buffers, runtime context; docs/method.md#choice-peak-memory). No shared setting produces it, "
-                       "and adding a constant would be fitting the paper, so the cell stays a miss. ")
-    par = ParallelConfig(scheme=row.scheme, degree=DEGREE, tp=int(row.tp) if row.scheme == "tp_sp" else 0,
-                         recompute=PAPER_MEMORY_SETTING.recompute)
-    if row.scheme == "tp_sp" and row.predicted > row.claim and peak_phase(LLAMA7B, par, int(row.seq_len),
-                                                                          PAPER_MEMORY_SETTING.batch) == "grad_sync":
+            text += (
+                f", and {row.layout}'s growth from {lo[0] // 1024}K to {hi[0] // 1024}K is "
+                f"{hi[1].predicted - lo[1].predicted:.1f} {uname} here vs {hi[1].claim - lo[1].claim:.1f} "
+                "published"
+            )
+        return text + (
+            ": the published figures hold a fixed term tspbench does not allocate (allocator reserve vs "
+            "allocated, RCCL/workspace buffers, runtime context; docs/method.md#choice-peak-memory). No shared "
+            "setting produces it, and adding a constant would be fitting the paper, so the cell stays a miss. "
+        )
+    par = ParallelConfig(
+        scheme=row.scheme,
+        degree=DEGREE,
+        tp=int(row.tp) if row.scheme == "tp_sp" else 0,
+        recompute=PAPER_MEMORY_SETTING.recompute,
+    )
+    if (
+        row.scheme == "tp_sp"
+        and row.predicted > row.claim
+        and peak_phase(LLAMA7B, par, int(row.seq_len), PAPER_MEMORY_SETTING.batch) == "grad_sync"
+    ):
         unit = UNIT_BYTES[uname]
         bucket = grad_sync_bucket_elems(LLAMA7B, par) * 2 / unit
-        return (f"The peak is finish_grad_sync's all-reduce bucket ({bucket:.1f} {uname}) on top of every "
-                "gradient and the optimizer state. ")
+        return (
+            f"The peak is finish_grad_sync's all-reduce bucket ({bucket:.1f} {uname}) on top of every "
+            "gradient and the optimizer state. "
+        )
     return "Outside ±10% under the single shared setting. "
 
 
 def paper_memory_table(setting: MemorySetting = PAPER_MEMORY_SETTING, hw: str = "mi300x") -> pd.DataFrame:
-    """Predicted peak memory per device (llama7b, one node of 8 MI300X) beside every memory claim (docs/method.md#published).
+    """Predicted peak memory per device (llama7b, one node of 8 MI300X) beside every memory claim
+    (docs/method.md#published).
 
     Rows: 16K and 128K × (TSP D=8, TP T=8, TP×SP T×Σ = 1×8 (pure SP), 2×4, 4×2, 8×1). Columns: the
     breakdown in the setting's unit, `predicted`, `claim`, `deviation_pct`, `within_10pct`, `note`.
@@ -163,9 +204,14 @@ def memory_setting_scan() -> pd.DataFrame:
     for grad, recompute, unit in itertools.product((None, "float32"), ("none", "full"), ("GB", "GiB")):
         s = MemorySetting(grad_dtype=grad, recompute=recompute, unit=unit)
         df = _attach_claims(_memory_rows(s)).dropna(subset=["claim"])
-        row = {"bytes_per_param": s.bytes_per_param, "recompute": recompute, "unit": unit,
-               "chosen": s == PAPER_MEMORY_SETTING,
-               "mean_abs_dev_pct": df.deviation_pct.abs().mean(), "n_within_10pct": int(df.within_10pct.sum())}
+        row = {
+            "bytes_per_param": s.bytes_per_param,
+            "recompute": recompute,
+            "unit": unit,
+            "chosen": s == PAPER_MEMORY_SETTING,
+            "mean_abs_dev_pct": df.deviation_pct.abs().mean(),
+            "n_within_10pct": int(df.within_10pct.sum()),
+        }
         row.update({f"dev_{r.claim_id}": r.deviation_pct for r in df.itertuples()})
         row.update({f"layout_{r.claim_id}": r.layout for r in df.itertuples() if "tpsp" in r.claim_id})
         rows.append(row)
@@ -173,8 +219,9 @@ def memory_setting_scan() -> pd.DataFrame:
 
 
 # ---------------------------------------------------------------------------------------------- throughput
-def paper_throughput_table(hw: str = "mi300x", n_gpus: int = N_GPUS, seq_len: int = SEQ_128K,
-                           degree: int = DEGREE, batch: int = 1) -> pd.DataFrame:
+def paper_throughput_table(
+    hw: str = "mi300x", n_gpus: int = N_GPUS, seq_len: int = SEQ_128K, degree: int = DEGREE, batch: int = 1
+) -> pd.DataFrame:
     """Predicted forward tokens/s on n_gpus at 128K: TSP D=8 vs every TP×SP layout, full model and one layer.
 
     Adds the "matched per-GPU sharding" reading of the baseline (T = Σ = degree, degree² GPUs per replica;
@@ -182,17 +229,31 @@ def paper_throughput_table(hw: str = "mi300x", n_gpus: int = N_GPUS, seq_len: in
     """
     profile = load_hardware(hw)
     cfgs = [(n, p) for n, p in layouts(degree) if not n.startswith("TP T=")]
-    cfgs.append((f"TP×SP T={degree}×Σ={degree} (matched sharding)",
-                 ParallelConfig(scheme="tp_sp", degree=degree * degree, tp=degree)))
+    cfgs.append(
+        (
+            f"TP×SP T={degree}×Σ={degree} (matched sharding)",
+            ParallelConfig(scheme="tp_sp", degree=degree * degree, tp=degree),
+        )
+    )
     claims = {c["id"]: c["value"] for c in load_claims()}
     rows = []
     for layers, overlap in itertools.product((None, 1), ("none", "ideal")):
         for name, par in cfgs:
-            r = cluster_throughput(LLAMA7B, par, seq_len, batch, profile, n_gpus, mode="forward",
-                                   overlap=overlap, layers=layers)
-            rows.append({"layers": LLAMA7B.n_layers if layers is None else layers, "overlap": overlap,
-                         "layout": name, "scheme": par.scheme, "tp": par.tp_degree, "sp": par.sp_degree,
-                         "gpus_per_replica": par.degree, **r})
+            r = cluster_throughput(
+                LLAMA7B, par, seq_len, batch, profile, n_gpus, mode="forward", overlap=overlap, layers=layers
+            )
+            rows.append(
+                {
+                    "layers": LLAMA7B.n_layers if layers is None else layers,
+                    "overlap": overlap,
+                    "layout": name,
+                    "scheme": par.scheme,
+                    "tp": par.tp_degree,
+                    "sp": par.sp_degree,
+                    "gpus_per_replica": par.degree,
+                    **r,
+                }
+            )
     df = pd.DataFrame(rows)
     tsp = df[df.scheme == "tsp"].set_index(["layers", "overlap"]).tokens_per_s
     df["tsp_speedup"] = [tsp[(r.layers, r.overlap)] / r.tokens_per_s for r in df.itertuples()]
@@ -202,8 +263,9 @@ def paper_throughput_table(hw: str = "mi300x", n_gpus: int = N_GPUS, seq_len: in
     return df
 
 
-def throughput_assumptions(hw: str = "mi300x", n_gpus: int = N_GPUS, seq_len: int = SEQ_128K,
-                           degree: int = DEGREE) -> list[str]:
+def throughput_assumptions(
+    hw: str = "mi300x", n_gpus: int = N_GPUS, seq_len: int = SEQ_128K, degree: int = DEGREE
+) -> list[str]:
     """The assumptions that drive `paper_throughput_table`, as printable lines (profile constants, overlap,
     forward vs training), with the training-mode ratio for contrast: nothing here is fitted to the claims."""
     p = load_hardware(hw)
@@ -211,15 +273,17 @@ def throughput_assumptions(hw: str = "mi300x", n_gpus: int = N_GPUS, seq_len: in
     for name, par in layouts(degree):
         if name.startswith("TP T="):
             continue
-        train[name] = cluster_throughput(LLAMA7B, replace(par, recompute="full"), seq_len, 1, p, n_gpus,
-                                         mode="train")["tokens_per_s"]
+        train[name] = cluster_throughput(LLAMA7B, replace(par, recompute="full"), seq_len, 1, p, n_gpus, mode="train")[
+            "tokens_per_s"
+        ]
     tsp = train.pop(next(n for n in train if n.startswith("TSP")))
     ratios = [tsp / v for v in train.values()]
     return [
         f"assumptions ({p.name} profile, conf/hardware/{p.name}.yaml): bf16 peak {p.peak_flops_bf16 / 1e12:,.0f} "
         f"TFLOP/s × matmul efficiency {p.matmul_efficiency:g}; intra-node collectives {p.intra_node_bw / 1e9:,.0f} "
         f"GB/s per GPU, α = {p.intra_node_latency_s * 1e6:g} µs; peer-to-peer link "
-        f"{(p.intra_node_p2p_bw or p.intra_node_bw) / 1e9:,.0f} GB/s; inter-node {p.inter_node_bw / 1e9:,.0f} GB/s per GPU, "
+        f"{(p.intra_node_p2p_bw or p.intra_node_bw) / 1e9:,.0f} GB/s; "
+        f"inter-node {p.inter_node_bw / 1e9:,.0f} GB/s per GPU, "
         f"α = {p.inter_node_latency_s * 1e6:g} µs; collective efficiency {p.comm_efficiency:g}.",
         f"overlap: none = compute + communication; ideal = max of the two. {n_gpus // degree} data-parallel "
         f"replicas of D = {degree}, B = 1, S = {seq_len // 1024}K; forward only (the claim is 'mostly forward "
@@ -229,20 +293,28 @@ def throughput_assumptions(hw: str = "mi300x", n_gpus: int = N_GPUS, seq_len: in
     ]
 
 
-def plausibility_173m(hw: str = "mi300x", tokens_per_s: float | None = None, n_gpus: int = N_GPUS,
-                      seq_len: int = SEQ_128K) -> dict:
-    """PFLOP/s per GPU that 173M tok/s on 1,024 GPUs would need (docs/method.md#plausibility-173m), full model vs one layer."""
+def plausibility_173m(
+    hw: str = "mi300x", tokens_per_s: float | None = None, n_gpus: int = N_GPUS, seq_len: int = SEQ_128K
+) -> dict:
+    """PFLOP/s per GPU that 173M tok/s on 1,024 GPUs would need (docs/method.md#plausibility-173m), full model vs
+    one layer."""
     profile = load_hardware(hw)
     tokens_per_s = tokens_per_s or next(c["value"] for c in load_claims() if c["id"] == "tput_1024_tsp")
     per_gpu = tokens_per_s / n_gpus
     peak = profile.peak_flops_bf16
-    f = {"full_linear_only": 2 * non_embedding_params(LLAMA7B),
-         "full_causal_halved": flops_per_token(LLAMA7B, seq_len, mode="forward", causal_halved=True),
-         "full_not_halved": flops_per_token(LLAMA7B, seq_len, mode="forward", causal_halved=False),
-         "layer_causal_halved": flops_per_token(LLAMA7B, seq_len, mode="forward", causal_halved=True, layers=1),
-         "layer_not_halved": flops_per_token(LLAMA7B, seq_len, mode="forward", causal_halved=False, layers=1)}
-    out = {"tokens_per_s": tokens_per_s, "n_gpus": n_gpus, "tokens_per_s_per_gpu": per_gpu,
-           "peak_pflops_bf16": peak / 1e15}
+    f = {
+        "full_linear_only": 2 * non_embedding_params(LLAMA7B),
+        "full_causal_halved": flops_per_token(LLAMA7B, seq_len, mode="forward", causal_halved=True),
+        "full_not_halved": flops_per_token(LLAMA7B, seq_len, mode="forward", causal_halved=False),
+        "layer_causal_halved": flops_per_token(LLAMA7B, seq_len, mode="forward", causal_halved=True, layers=1),
+        "layer_not_halved": flops_per_token(LLAMA7B, seq_len, mode="forward", causal_halved=False, layers=1),
+    }
+    out = {
+        "tokens_per_s": tokens_per_s,
+        "n_gpus": n_gpus,
+        "tokens_per_s_per_gpu": per_gpu,
+        "peak_pflops_bf16": peak / 1e15,
+    }
     for k, v in f.items():
         out[f"gflop_per_token_{k}"] = v / 1e9
         out[f"required_pflops_per_gpu_{k}"] = per_gpu * v / 1e15
@@ -251,16 +323,25 @@ def plausibility_173m(hw: str = "mi300x", tokens_per_s: float | None = None, n_g
     return out
 
 
-def crossover_table(seq_lens=(4096, 8192, 16384, 32768, 65536, 131072), batch: int = 1,
-                    degree: int = DEGREE, model: ModelConfig = LLAMA7B) -> pd.DataFrame:
+def crossover_table(
+    seq_lens=(4096, 8192, 16384, 32768, 65536, 131072),
+    batch: int = 1,
+    degree: int = DEGREE,
+    model: ModelConfig = LLAMA7B,
+) -> pd.DataFrame:
     """Forward communication per layer per device (GB, bf16): TSP vs TP (and TP×SP) against sequence length."""
     rows = []
     for s in seq_lens:
         tsp = comm_per_layer(model, ParallelConfig(scheme="tsp", degree=degree), s, batch)
         tp = comm_per_layer(model, ParallelConfig(scheme="tp", degree=degree), s, batch)
-        row = {"seq_len": s, "tokens": batch * s, "tsp_weights_gb": tsp["fwd"]["weights"] * 2 / 1e9,
-               "tsp_kv_gb": tsp["fwd"]["kv"] * 2 / 1e9, "tsp_gb": tsp["fwd_total"] * 2 / 1e9,
-               "tp_gb": tp["fwd_total"] * 2 / 1e9}
+        row = {
+            "seq_len": s,
+            "tokens": batch * s,
+            "tsp_weights_gb": tsp["fwd"]["weights"] * 2 / 1e9,
+            "tsp_kv_gb": tsp["fwd"]["kv"] * 2 / 1e9,
+            "tsp_gb": tsp["fwd_total"] * 2 / 1e9,
+            "tp_gb": tp["fwd_total"] * 2 / 1e9,
+        }
         for t in (t for t in range(2, degree) if degree % t == 0):
             c = comm_per_layer(model, ParallelConfig(scheme="tp_sp", degree=degree, tp=t), s, batch)
             row[f"tp_sp_T{t}_gb"] = c["fwd_total"] * 2 / 1e9
@@ -275,10 +356,14 @@ def crossover_table(seq_lens=(4096, 8192, 16384, 32768, 65536, 131072), batch: i
 if __name__ == "__main__":
     pd.set_option("display.width", 200, "display.max_columns", 30)
     print(memory_setting_scan().round(1).to_string())
-    print(paper_memory_table()[["seq_len", "layout", "predicted", "claim", "deviation_pct", "note"]]
-          .round(1).to_string())
-    print(paper_throughput_table()[["layers", "overlap", "layout", "tokens_per_s", "compute_s", "comm_s",
-                                    "tsp_speedup"]].to_string())
+    print(
+        paper_memory_table()[["seq_len", "layout", "predicted", "claim", "deviation_pct", "note"]].round(1).to_string()
+    )
+    print(
+        paper_throughput_table()[
+            ["layers", "overlap", "layout", "tokens_per_s", "compute_s", "comm_s", "tsp_speedup"]
+        ].to_string()
+    )
     print(plausibility_173m())
     print(crossover_table().round(3).to_string())
 
@@ -288,8 +373,9 @@ def print_tables(names: list[str]) -> None:
     profile; claims from conf/claims.yaml)."""
     import pandas as pd
 
-    with pd.option_context("display.width", 220, "display.max_columns", 30, "display.float_format",
-                           lambda v: f"{v:,.3g}"):
+    with pd.option_context(
+        "display.width", 220, "display.max_columns", 30, "display.float_format", lambda v: f"{v:,.3g}"
+    ):
         for name in names:
             if name == "memory":
                 df = paper_memory_table()
@@ -297,24 +383,41 @@ def print_tables(names: list[str]) -> None:
                 print(df.to_string(index=False))
             elif name == "throughput":
                 df = paper_throughput_table()
-                cols = [c for c in ("layers", "overlap", "layout", "tokens_per_s", "tsp_speedup",
-                                    "claim_tsp_tokens_per_s", "claim_ratio_blog", "claim_ratio_press") if c in df]
-                print("paper throughput, 1,024 × MI300X, S = 128K, D = 8, forward (modelled; tsp_speedup = TSP "
-                      "tokens/s ÷ this layout's, beside the claimed 2.0x (blog) and 2.6x (press)):")
+                cols = [
+                    c
+                    for c in (
+                        "layers",
+                        "overlap",
+                        "layout",
+                        "tokens_per_s",
+                        "tsp_speedup",
+                        "claim_tsp_tokens_per_s",
+                        "claim_ratio_blog",
+                        "claim_ratio_press",
+                    )
+                    if c in df
+                ]
+                print(
+                    "paper throughput, 1,024 × MI300X, S = 128K, D = 8, forward (modelled; tsp_speedup = TSP "
+                    "tokens/s ÷ this layout's, beside the claimed 2.0x (blog) and 2.6x (press)):"
+                )
                 print(df[cols].to_string(index=False))
                 print("\n".join(throughput_assumptions()))
             elif name == "plausibility":
                 p = plausibility_173m()
-                print(f"173M tokens/s on 1,024 MI300X = {p['tokens_per_s_per_gpu']:,.0f} tok/s per GPU: a full "
-                      f"32-layer forward needs ≥ {p['required_pflops_per_gpu_full_linear_only']:.2f} PFLOP/s per GPU "
-                      f"for the linear layers alone ({p['fraction_of_peak_full_linear_only']:.1f}× the "
-                      f"{p['peak_pflops_bf16']:.2f} PFLOP/s bf16 peak): "
-                      f"{'possible' if p['full_forward_plausible'] else 'NOT physically possible'}; one layer "
-                      f"needs {p['required_pflops_per_gpu_layer_causal_halved']:.2f} PFLOP/s "
-                      f"({p['fraction_of_peak_layer_causal_halved']:.0%} of peak).")
+                print(
+                    f"173M tokens/s on 1,024 MI300X = {p['tokens_per_s_per_gpu']:,.0f} tok/s per GPU: a full "
+                    f"32-layer forward needs ≥ {p['required_pflops_per_gpu_full_linear_only']:.2f} PFLOP/s per GPU "
+                    f"for the linear layers alone ({p['fraction_of_peak_full_linear_only']:.1f}× the "
+                    f"{p['peak_pflops_bf16']:.2f} PFLOP/s bf16 peak): "
+                    f"{'possible' if p['full_forward_plausible'] else 'NOT physically possible'}; one layer "
+                    f"needs {p['required_pflops_per_gpu_layer_causal_halved']:.2f} PFLOP/s "
+                    f"({p['fraction_of_peak_layer_causal_halved']:.0%} of peak)."
+                )
             elif name == "crossover":
                 print("communication per layer (modelled GB, forward) vs sequence length, TSP vs TP:")
                 print(crossover_table().to_string(index=False))
             else:
-                raise ValueError(f"paper_tables: {name!r} is unknown; allowed: memory, throughput, "
-                                 f"plausibility, crossover")
+                raise ValueError(
+                    f"paper_tables: {name!r} is unknown; allowed: memory, throughput, plausibility, crossover"
+                )

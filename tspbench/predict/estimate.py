@@ -46,16 +46,16 @@ Speed: every op goes through Python (FakeTensorMode + the tracker), ~10⁴ ops p
 
 What the estimate patches (values are irrelevant for memory and FLOPs; the scheme code paths are not
 changed): `tspbench.schemes.ops.sharding.init_full_param` returns `torch.empty` (the seeded CPU generator cannot run
-under FakeTensorMode); with attention="gpu", `torch.nn.functional.scaled_dot_product_attention` (see above). Process group: torch's
-fake backend is initialised for the call and destroyed after it, so `estimate` can be called repeatedly;
-it refuses to run in a process that already has a default process group.
+under FakeTensorMode); with attention="gpu", `torch.nn.functional.scaled_dot_product_attention` (see above).
+Process group: torch's fake backend is initialised for the call and destroyed after it, so `estimate` can be called
+repeatedly; it refuses to run in a process that already has a default process group.
 """
+
 from __future__ import annotations
 
 import contextlib
 import sys
 import time
-import warnings
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -63,9 +63,9 @@ import torch
 import torch.distributed as dist
 
 from tspbench.config import DTYPES, MODES, ModelConfig, ParallelConfig, validate_parallel
+from tspbench.predict.memtrack import CATEGORIES, MemoryTracker, gpu_attention
 
 GIB = float(2**30)
-from tspbench.predict.memtrack import CATEGORIES, MemoryTracker, gpu_attention  # noqa: F401 (re-exported)
 
 
 # ------------------------------------------------------------------------------------------- optimizer
@@ -87,7 +87,7 @@ class _Optimizer:
             self.opt.step()
             return
         with torch.no_grad():
-            for p, m in zip(self.params, self.masters):   # one fp32 gradient alive at a time
+            for p, m in zip(self.params, self.masters):  # one fp32 gradient alive at a time
                 if p.grad is None:
                     continue
                 m.grad = p.grad.float()
@@ -167,10 +167,22 @@ def _kinds(mark: str, n_layers: int) -> list[str]:
     return kinds
 
 
-def trace_step(model: ModelConfig, par: ParallelConfig, seq_len: int, batch: int, *, mode: str = "train",
-               dtype: str = "float32", device: str = "cpu", fake: bool = False, attention: str = "native",
-               master_fp32: bool = False, seed: int = 0, tokens: torch.Tensor | None = None,
-               targets: torch.Tensor | None = None) -> StepTrace:
+def trace_step(
+    model: ModelConfig,
+    par: ParallelConfig,
+    seq_len: int,
+    batch: int,
+    *,
+    mode: str = "train",
+    dtype: str = "float32",
+    device: str = "cpu",
+    fake: bool = False,
+    attention: str = "native",
+    master_fp32: bool = False,
+    seed: int = 0,
+    tokens: torch.Tensor | None = None,
+    targets: torch.Tensor | None = None,
+) -> StepTrace:
     """Build the scheme on the current default process group and trace one step of this rank.
 
     Real tensors (fake=False: inside a spawned gloo/NCCL rank) or fake ones (fake=True: under the fake
@@ -186,7 +198,7 @@ def trace_step(model: ModelConfig, par: ParallelConfig, seq_len: int, batch: int
     from tspbench.schemes.comm import CommLog
 
     t0 = time.perf_counter()
-    mesh = build_mesh(par, "cuda" if device.startswith("cuda") else "cpu")   # outside fake mode
+    mesh = build_mesh(par, "cuda" if device.startswith("cuda") else "cpu")  # outside fake mode
     tracker = MemoryTracker()
     log = CommLog()
     train = mode == "train"
@@ -196,7 +208,7 @@ def trace_step(model: ModelConfig, par: ParallelConfig, seq_len: int, batch: int
         if in_fwd[0]:
             tracker.mark(name)
 
-    def bwd_mark_on(out, name):   # the gradient of a block's output arrives: that block's backward starts
+    def bwd_mark_on(out, name):  # the gradient of a block's output arrives: that block's backward starts
         if in_fwd[0] and isinstance(out, torch.Tensor) and out.requires_grad:
             out.register_hook(lambda g: tracker.mark(name))
 
@@ -206,7 +218,7 @@ def trace_step(model: ModelConfig, par: ParallelConfig, seq_len: int, batch: int
             stack.enter_context(_fake_patches())
         if attention == "gpu":
             stack.enter_context(gpu_attention())
-        if tokens is None:            # the global batch is input data: not tracked (as in a real run)
+        if tokens is None:  # the global batch is input data: not tracked (as in a real run)
             tokens = torch.zeros((par.dp * batch, seq_len), dtype=torch.long, device=device)
             targets = torch.zeros((par.dp * batch, seq_len), dtype=torch.long, device=device)
         stack.enter_context(tracker)
@@ -222,10 +234,9 @@ def trace_step(model: ModelConfig, par: ParallelConfig, seq_len: int, batch: int
         tok, tgt, pos = pm.local_batch(tokens, targets)
         opt = None
         if train:
-            hooks += [p.register_post_accumulate_grad_hook(lambda p: tracker.grad_attached(p.grad))
-                      for p in params]
+            hooks += [p.register_post_accumulate_grad_hook(lambda p: tracker.grad_attached(p.grad)) for p in params]
             opt = _Optimizer(params, master_fp32)
-            for p in params:          # steady state: the optimizer state exists before the measured step
+            for p in params:  # steady state: the optimizer state exists before the measured step
                 p.grad = torch.zeros_like(p)
             opt.step()
             opt.zero_grad()
@@ -308,9 +319,11 @@ def fake_process_group(world_size: int, rank: int = 0):
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     if dist.is_initialized():
-        raise RuntimeError("estimate() needs a process without a default process group (one is initialised); "
-                           "call it from the parent process, not from inside a rank")
-    hook = sys.excepthook                 # init_process_group chains a "[rank0]:" excepthook on every call
+        raise RuntimeError(
+            "estimate() needs a process without a default process group (one is initialised); "
+            "call it from the parent process, not from inside a rank"
+        )
+    hook = sys.excepthook  # init_process_group chains a "[rank0]:" excepthook on every call
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
     try:
         yield
@@ -334,8 +347,9 @@ def comm_layer0(records) -> dict[str, float]:
 
 def comm_ops_layer0(records) -> list[tuple]:
     """(op, phase, group_size, numel, recv_numel, bytes, recompute) of every layer-0 collective, in order."""
-    return [(r.op, r.phase, r.group_size, r.numel, r.recv_numel, r.bytes, r.recompute)
-            for r in records if r.tag == "layer0"]
+    return [
+        (r.op, r.phase, r.group_size, r.numel, r.recv_numel, r.bytes, r.recompute) for r in records if r.tag == "layer0"
+    ]
 
 
 def resolve_attention(attention: str, hardware: str | None) -> str:
@@ -346,9 +360,20 @@ def resolve_attention(attention: str, hardware: str | None) -> str:
     return attention
 
 
-def estimate(model: ModelConfig, par: ParallelConfig, seq_len: int, batch: int, *, mode: str = "train",
-             dtype: str = "bfloat16", rank: int = 0, hardware: str | None = None, attention: str = "auto",
-             master_fp32: bool | None = None, layers: str = "auto") -> dict[str, Any]:
+def estimate(
+    model: ModelConfig,
+    par: ParallelConfig,
+    seq_len: int,
+    batch: int,
+    *,
+    mode: str = "train",
+    dtype: str = "bfloat16",
+    rank: int = 0,
+    hardware: str | None = None,
+    attention: str = "auto",
+    master_fp32: bool | None = None,
+    layers: str = "auto",
+) -> dict[str, Any]:
     """Per-rank memory, FLOPs and layer-0 collectives of one step, from the real scheme code on fake
     tensors and a fake process group of par.world_size ranks. Returns a result record (results.py) with
     method "estimated"; status "oom" when the peak exceeds the hardware profile's memory.
@@ -374,18 +399,29 @@ def estimate(model: ModelConfig, par: ParallelConfig, seq_len: int, batch: int, 
     hw = None
     if hardware is not None:
         from tspbench.predict.costmodel.time import load_hardware
+
         hw = load_hardware(hardware)
 
     t0, c0 = time.perf_counter(), time.process_time()
     extrapolated = layers == "auto" and model.n_layers > 4
     depths = (3, 4) if extrapolated else (model.n_layers,)
     traces = []
-    with fake_process_group(par.world_size, rank), warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=r".*(all_gather_into_tensor|reduce_scatter_tensor).*deprecated")
+    with fake_process_group(par.world_size, rank):
         for n in depths:
             cfg = replace(model, n_layers=n)
-            traces.append(trace_step(cfg, par, seq_len, batch, mode=mode, dtype=dtype, fake=True,
-                                     attention=kernel, master_fp32=master_fp32))
+            traces.append(
+                trace_step(
+                    cfg,
+                    par,
+                    seq_len,
+                    batch,
+                    mode=mode,
+                    dtype=dtype,
+                    fake=True,
+                    attention=kernel,
+                    master_fp32=master_fp32,
+                )
+            )
     if extrapolated:
         mem, flops = extrapolate_layers(traces[0], traces[1], model.n_layers)
     else:
@@ -399,36 +435,67 @@ def estimate(model: ModelConfig, par: ParallelConfig, seq_len: int, batch: int, 
     metrics["flops_per_token"] = flops * par.degree / (batch * seq_len)
     metrics.update(comm_layer0(traces[-1].comm_records))
     metrics["estimate_wall_s"] = wall
-    metrics["estimate_cpu_s"] = cpu           # this process's CPU time: what a loaded machine does not inflate
+    metrics["estimate_cpu_s"] = cpu  # this process's CPU time: what a loaded machine does not inflate
     status, reason = "ok", None
     if hw is not None and mem["total"] > hw.mem_bytes:
         status = "oom"
         reason = f"estimated peak {mem['total'] / 1e9:.1f} GB > {hw.name} capacity {hw.mem_bytes / 1e9:.1f} GB"
     return {
-        "method": "estimated", "status": status, "reason": reason,
-        "scheme": par.scheme, "sp_variant": par.sp_variant if par.scheme in ("sp", "tp_sp") else None,
-        "degree": par.degree, "tp_degree": par.tp_degree, "sp_degree": par.sp_degree, "dp": par.dp,
-        "world_size": par.world_size, "seq_len": seq_len, "batch": batch, "mode": mode, "dtype": dtype,
-        "recompute": par.recompute, "model": model.name, "model_cfg": asdict(model), "hardware": hardware,
-        "device": None, "rank": rank, "metrics": metrics, "per_rank": {},
-        "peak_phase": mem["phase"], "mem_bytes": {k: mem[k] for k in (*CATEGORIES, "total")},
+        "method": "estimated",
+        "status": status,
+        "reason": reason,
+        "scheme": par.scheme,
+        "sp_variant": par.sp_variant if par.scheme in ("sp", "tp_sp") else None,
+        "degree": par.degree,
+        "tp_degree": par.tp_degree,
+        "sp_degree": par.sp_degree,
+        "dp": par.dp,
+        "world_size": par.world_size,
+        "seq_len": seq_len,
+        "batch": batch,
+        "mode": mode,
+        "dtype": dtype,
+        "recompute": par.recompute,
+        "model": model.name,
+        "model_cfg": asdict(model),
+        "hardware": hardware,
+        "device": None,
+        "rank": rank,
+        "metrics": metrics,
+        "per_rank": {},
+        "peak_phase": mem["phase"],
+        "mem_bytes": {k: mem[k] for k in (*CATEGORIES, "total")},
         "phase_peak_bytes": mem["phases"],
         "comm_ops_layer0": comm_ops_layer0(traces[-1].comm_records),
-        "attention": kernel, "master_fp32": master_fp32, "layers": layers,
+        "attention": kernel,
+        "master_fp32": master_fp32,
+        "layers": layers,
         "provenance": {
-            "torch": torch.__version__, "attention_kernel": kernel,
-            "optimizer_state": ("AdamW on fp32 master copies (fp32 master + m + v = 12 B/param)" if master_fp32
-                                else "AdamW on the parameters as the worker runs it" if mode == "train" else None),
-            "layers_traced": list(depths), "extrapolated": extrapolated,
-            "estimator": "tspbench.predict.estimate (FakeTensorMode + fake process group, one rank)"},
+            "torch": torch.__version__,
+            "attention_kernel": kernel,
+            "optimizer_state": (
+                "AdamW on fp32 master copies (fp32 master + m + v = 12 B/param)"
+                if master_fp32
+                else "AdamW on the parameters as the worker runs it"
+                if mode == "train"
+                else None
+            ),
+            "layers_traced": list(depths),
+            "extrapolated": extrapolated,
+            "estimator": "tspbench.predict.estimate (FakeTensorMode + fake process group, one rank)",
+        },
     }
 
 
 # ------------------------------------------------------------------------------------------- real runs
 def summary(tr: StepTrace) -> dict[str, Any]:
     """What the estimate-vs-real comparison looks at: memory at the peak, FLOPs, layer-0 collectives."""
-    return {"mem": tr.memory(), "flops": tr.flops, "comm": comm_layer0(tr.comm_records),
-            "comm_ops": comm_ops_layer0(tr.comm_records)}
+    return {
+        "mem": tr.memory(),
+        "flops": tr.flops,
+        "comm": comm_layer0(tr.comm_records),
+        "comm_ops": comm_ops_layer0(tr.comm_records),
+    }
 
 
 def _measure_worker(rank: int, world: int, cases: list, out_file: str) -> None:
@@ -439,8 +506,19 @@ def _measure_worker(rank: int, world: int, cases: list, out_file: str) -> None:
     results = []
     for model, par, seq_len, batch, mode, dtype in cases:
         tokens, targets = synthetic_batch(model, par.dp * batch, seq_len, seed=0)
-        tr = trace_step(model, par, seq_len, batch, mode=mode, dtype=dtype, fake=False, attention="native",
-                        master_fp32=False, tokens=tokens, targets=targets)
+        tr = trace_step(
+            model,
+            par,
+            seq_len,
+            batch,
+            mode=mode,
+            dtype=dtype,
+            fake=False,
+            attention="native",
+            master_fp32=False,
+            tokens=tokens,
+            targets=targets,
+        )
         results.append(summary(tr))
         dist.barrier()
     if rank == 0:
@@ -466,61 +544,20 @@ def measure(cases: list[tuple[ModelConfig, ParallelConfig, int, int, str, str]])
         return json.loads(Path(out).read_text())
 
 
-def estimate_summary(model: ModelConfig, par: ParallelConfig, seq_len: int, batch: int, *, mode: str = "train",
-                     dtype: str = "float32", attention: str = "native", rank: int = 0) -> dict[str, Any]:
+def estimate_summary(
+    model: ModelConfig,
+    par: ParallelConfig,
+    seq_len: int,
+    batch: int,
+    *,
+    mode: str = "train",
+    dtype: str = "float32",
+    attention: str = "native",
+    rank: int = 0,
+) -> dict[str, Any]:
     """`summary` of a fake-tensor trace of every layer (the counterpart of `measure` for one case)."""
     with fake_process_group(par.world_size, rank):
-        tr = trace_step(model, par, seq_len, batch, mode=mode, dtype=dtype, fake=True, attention=attention,
-                        master_fp32=False)
+        tr = trace_step(
+            model, par, seq_len, batch, mode=mode, dtype=dtype, fake=True, attention=attention, master_fp32=False
+        )
     return summary(tr)
-
-
-# ------------------------------------------------------------------------------------------- CLI
-def _parse(argv: list[str]) -> tuple[ModelConfig, ParallelConfig, dict[str, Any]]:
-    """`key=value` pairs: model=<conf/model name>, model.<field>=, scheme=, degree=, tp=, dp=, sp_variant=,
-    recompute=, seq_len=, batch=, mode=, dtype=, rank=, hardware=, attention=."""
-
-    import yaml
-
-    from tspbench.paths import conf_dir
-
-    bad = [a for a in argv if "=" not in a]
-    if bad:
-        raise SystemExit(f"usage: python -m tspbench.estimate key=value ... (keys: {_parse.__doc__.split(':', 1)[1].strip()}); "
-                         f"got {' '.join(bad)!r}")
-    kv = dict(a.split("=", 1) for a in argv)
-    mcfg: dict[str, Any] = {}
-    if "model" in kv:
-        path = conf_dir() / "model" / f"{kv.pop('model')}.yaml"
-        mcfg = {k: v for k, v in yaml.safe_load(path.read_text()).items() if k != "defaults"}
-    for k in [k for k in kv if k.startswith("model.")]:
-        mcfg[k[6:]] = kv.pop(k)
-    types = {f: type(getattr(ModelConfig(), f)) for f in ModelConfig.__dataclass_fields__}
-    model = ModelConfig(**{k: types[k](v) for k, v in mcfg.items()})
-    pfields = {f: type(getattr(ParallelConfig(), f)) for f in ParallelConfig.__dataclass_fields__}
-    par = ParallelConfig(**{k: pfields[k](kv.pop(k)) for k in list(kv) if k in pfields})
-    run = {"seq_len": int(kv.pop("seq_len", 4096)), "batch": int(kv.pop("batch", 1))}
-    for k in ("mode", "dtype", "hardware", "attention"):
-        if k in kv:
-            run[k] = kv.pop(k)
-    if "rank" in kv:
-        run["rank"] = int(kv.pop("rank"))
-    if kv:
-        raise SystemExit(f"tspbench.estimate: unknown keys {sorted(kv)}; allowed: model, model.<field>, "
-                         f"{', '.join(pfields)}, seq_len, batch, mode, dtype, rank, hardware, attention")
-    return model, par, run
-
-
-def main(argv: list[str] | None = None) -> int:
-    import json
-
-    model, par, run = _parse(sys.argv[1:] if argv is None else argv)
-    seq_len, batch = run.pop("seq_len"), run.pop("batch")
-    rec = estimate(model, par, seq_len, batch, **run)
-    print(json.dumps({"status": rec["status"], "reason": rec["reason"], "peak_phase": rec["peak_phase"],
-                      **rec["metrics"]}, indent=1, default=str))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

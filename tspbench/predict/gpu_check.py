@@ -4,14 +4,15 @@ A rank of a D-way scheme can be run alone: under torch's fake process group the 
 but every tensor the rank allocates is real. So one GPU runs rank 0 of llama7b TSP / TP at D = 8 at the
 paper's shapes (numbers are garbage, allocations are not), and its CUDA caching-allocator peak
 (`torch.cuda.max_memory_allocated`) is set beside the fake-tensor estimate of the same step
-(tspbench.predict.estimate, every layer traced) and the closed-form model (tspbench.predict.costmodel). This is the GPU check
-of the estimate that a CPU cannot make; it measures memory only, never time or multi-GPU throughput.
+(tspbench.predict.estimate, every layer traced) and the closed-form model (tspbench.predict.costmodel). This is the
+GPU check of the estimate that a CPU cannot make; it measures memory only, never time or multi-GPU throughput.
 
 Setting: the paper one (bf16, AdamW with fp32 master/m/v, full recompute, B = 1), one optimizer step before
 the measured step (steady state), as `tspbench.predict.estimate.trace_step` does. On CPU (`--device cpu`, a small
 model) only the tracker's total of real tensors is compared: the allocator peak needs CUDA.
 Output: one JSON line per case on stdout.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,17 +39,35 @@ def check(model: ModelConfig, par: ParallelConfig, seq_len: int, device: str, dt
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
     with fake_process_group(par.world_size, 0):
-        tr = trace_step(model, par, seq_len, 1, mode="train", dtype=dtype, device=device, fake=False,
-                        attention="native", master_fp32=True)
+        tr = trace_step(
+            model,
+            par,
+            seq_len,
+            1,
+            mode="train",
+            dtype=dtype,
+            device=device,
+            fake=False,
+            attention="native",
+            master_fp32=True,
+        )
     real = tr.memory()
-    out = {"scheme": par.scheme, "degree": par.degree, "tp": par.tp_degree, "seq_len": seq_len,
-           "model": model.name, "device": torch.cuda.get_device_name() if cuda else "cpu",
-           "tracked_real_gib": real["total"] / 2**30, "tracked_real_phase": real["phase"],
-           "cuda_max_allocated_gib": (torch.cuda.max_memory_allocated() - base) / 2**30 if cuda else None,
-           "real_step_s": time.perf_counter() - t0}
+    out = {
+        "scheme": par.scheme,
+        "degree": par.degree,
+        "tp": par.tp_degree,
+        "seq_len": seq_len,
+        "model": model.name,
+        "device": torch.cuda.get_device_name() if cuda else "cpu",
+        "tracked_real_gib": real["total"] / 2**30,
+        "tracked_real_phase": real["phase"],
+        "cuda_max_allocated_gib": (torch.cuda.max_memory_allocated() - base) / 2**30 if cuda else None,
+        "real_step_s": time.perf_counter() - t0,
+    }
     del tr
-    est = estimate(model, par, seq_len, 1, dtype=dtype, hardware="h200" if cuda else "cpu",
-                   attention="gpu" if cuda else "native")
+    est = estimate(
+        model, par, seq_len, 1, dtype=dtype, hardware="h200" if cuda else "cpu", attention="gpu" if cuda else "native"
+    )
     out["estimated_gib"] = est["mem_bytes"]["total"] / 2**30
     out["estimated_phase"] = est["peak_phase"]
     out["modelled_gib"] = memory_breakdown(model, par, seq_len, 1, dtype=dtype)["total"] / 2**30
@@ -65,9 +84,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.device.startswith("cuda"):
         model = model_preset("llama7b")
         cases = CASES
-    else:   # the machinery on CPU: a small model, short sequences
-        model = ModelConfig(name="small_gqa", vocab_size=2048, dim=256, n_layers=4, n_heads=8, n_kv_heads=8,
-                            ffn_hidden=1024)
+    else:  # the machinery on CPU: a small model, short sequences
+        model = ModelConfig(
+            name="small_gqa", vocab_size=2048, dim=256, n_layers=4, n_heads=8, n_kv_heads=8, ffn_hidden=1024
+        )
         cases = list(dict.fromkeys((s, t, 512) for s, t, _ in CASES))
     for scheme, tp, seq in cases:
         par = ParallelConfig(scheme=scheme, degree=8, tp=tp, recompute=args.recompute)

@@ -27,6 +27,7 @@ executes; used by the estimate-vs-real tests).
 The same tracker runs under FakeTensorMode (the estimate) and on real tensors (the checks against real
 CPU runs and tspbench.predict.gpu_check), so the two are compared one to one.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -50,16 +51,15 @@ class _Storage:
     nbytes: int
     t_alloc: int
     t_free: int = INF
-    t_grad: int = INF          # attached as a parameter's .grad at this clock
-    comm: bool = False         # read or written by a c10d collective
-    owner: str | None = None   # "params" | "optimizer" (fixed ownership)
+    t_grad: int = INF  # attached as a parameter's .grad at this clock
+    comm: bool = False  # read or written by a c10d collective
+    owner: str | None = None  # "params" | "optimizer" (fixed ownership)
 
 
 def _flop_registry() -> dict:
     """torch's FLOP formulas (those of FlopCounterMode) + the CPU flash-attention kernels, which torch's
     registry lacks, so a real CPU run and a native-kernel estimate count attention too."""
-    from torch.utils.flop_counter import (flop_registry, sdpa_backward_flop_count, sdpa_flop_count,
-                                          shape_wrapper)
+    from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sdpa_flop_count, shape_wrapper
 
     def fwd(query, key, value, *args, out_shape=None, **kwargs) -> int:
         return sdpa_flop_count(query, key, value)
@@ -68,8 +68,11 @@ def _flop_registry() -> dict:
         return sdpa_backward_flop_count(grad_out, query, key, value)
 
     aten = torch.ops.aten
-    return {**flop_registry, aten._scaled_dot_product_flash_attention_for_cpu: shape_wrapper(fwd),
-            aten._scaled_dot_product_flash_attention_for_cpu_backward: shape_wrapper(bwd)}
+    return {
+        **flop_registry,
+        aten._scaled_dot_product_flash_attention_for_cpu: shape_wrapper(fwd),
+        aten._scaled_dot_product_flash_attention_for_cpu_backward: shape_wrapper(bwd),
+    }
 
 
 class MemoryTracker(TorchDispatchMode):
@@ -98,7 +101,7 @@ class MemoryTracker(TorchDispatchMode):
 
     # -- events -----------------------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func is _PRIM_DEVICE:                          # most frequent call by far; allocates nothing
+        if func is _PRIM_DEVICE:  # most frequent call by far; allocates nothing
             dev = getattr(args[0], "fake_device", None)
             return dev if dev is not None else func(*args)
         kwargs = kwargs or {}
@@ -122,7 +125,7 @@ class MemoryTracker(TorchDispatchMode):
     def note(self, t: torch.Tensor) -> _Storage | None:
         """Register t's storage if new (or grown by a resize); return its record."""
         dev = getattr(t, "fake_device", None) or t.device
-        if dev.type == "meta":                            # the meta model before sharding: no memory
+        if dev.type == "meta":  # the meta model before sharding: no memory
             return None
         st = t.untyped_storage()
         key = id(st)
@@ -131,7 +134,7 @@ class MemoryTracker(TorchDispatchMode):
             nbytes = st.nbytes()
             if hit is not None:
                 rec = hit[0]
-                if nbytes > rec.nbytes:                   # resized in place: count the growth
+                if nbytes > rec.nbytes:  # resized in place: count the growth
                     self._event(nbytes - rec.nbytes)
                     rec.nbytes = nbytes
                 return rec
@@ -239,15 +242,17 @@ def gpu_attention():
 
 def _gpu_sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
     from torch.nn.attention.bias import CausalBias
+
     if attn_mask is not None and not isinstance(attn_mask, CausalBias):
         return None
     if attn_mask is None and not is_causal:
         return None
     if q.dtype in (torch.float16, torch.bfloat16):
         return torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, dropout_p, True, False, scale=scale)[0]
-    if k.shape[1] != q.shape[1]:      # memory-efficient attention has no GQA: K/V heads repeated, as SDPA does
+    if k.shape[1] != q.shape[1]:  # memory-efficient attention has no GQA: K/V heads repeated, as SDPA does
         k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
         v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
     need_lse = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-    return torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, None, need_lse, dropout_p, True,
-                                                                   scale=scale)[0]
+    return torch.ops.aten._scaled_dot_product_efficient_attention(
+        q, k, v, None, need_lse, dropout_p, True, scale=scale
+    )[0]

@@ -2,6 +2,7 @@
 of the shared schema (docs/records.md): throughput over the slowest rank's window, step-time spread over
 every rank's steps, FLOPs and MFU/HFU, allocator peaks (max over ranks), the memory breakdown of the rank
 with the largest total, energy summed over ranks, serving metrics, and layer-0 communication."""
+
 from __future__ import annotations
 
 from tspbench.measure import flops as flops_mod
@@ -13,8 +14,16 @@ from tspbench.record.spec import RunSpec
 from tspbench.record.store import provenance
 
 
-def build_record(spec: RunSpec, ranks: list[dict], loss: float | None, n_tokens: int, started: str,
-                 finished: str, backend: str, launcher: str) -> dict:
+def build_record(
+    spec: RunSpec,
+    ranks: list[dict],
+    loss: float | None,
+    n_tokens: int,
+    started: str,
+    finished: str,
+    backend: str,
+    launcher: str,
+) -> dict:
     """Rank 0: reduce the per-rank numbers into one record (README.md, "Result records")."""
     cfg, world = spec.model_config(), spec.world_size
     dev0 = ranks[0]
@@ -30,18 +39,25 @@ def build_record(spec: RunSpec, ranks: list[dict], loss: float | None, n_tokens:
     f_full = flops_per_token(cfg, spec.seq_len, mode=spec.mode, causal_halved=False)
     f_hw = hardware_flops_per_token(cfg, spec.seq_len, spec.mode, spec.recompute)
     tps = m["tokens_per_s"]
-    m.update({"flops_per_token_causal": f_causal, "flops_per_token_noncausal": f_full,
-              "hardware_flops_per_token": f_hw, "peak_flops": peak,
-              "peak_flops_source": peak_src if peak is not None else None,
-              "mfu_reason": None if peak is not None else peak_src,
-              "mfu_causal_pct": flops_mod.mfu_pct(f_causal, tps, peak, world),
-              "mfu_noncausal_pct": flops_mod.mfu_pct(f_full, tps, peak, world),
-              "hfu_pct": flops_mod.mfu_pct(f_hw, tps, peak, world)})
+    m.update(
+        {
+            "flops_per_token_causal": f_causal,
+            "flops_per_token_noncausal": f_full,
+            "hardware_flops_per_token": f_hw,
+            "peak_flops": peak,
+            "peak_flops_source": peak_src if peak is not None else None,
+            "mfu_reason": None if peak is not None else peak_src,
+            "mfu_causal_pct": flops_mod.mfu_pct(f_causal, tps, peak, world),
+            "mfu_noncausal_pct": flops_mod.mfu_pct(f_full, tps, peak, world),
+            "hfu_pct": flops_mod.mfu_pct(f_hw, tps, peak, world),
+        }
+    )
 
     # Memory: allocator peaks = max over ranks; breakdown = the rank with the largest total.
     def max_over(key, src="peaks"):
         vals = [r[src].get(key) for r in ranks if r[src].get(key) is not None]
         return max(vals) if vals else None
+
     for k in ("peak_allocated_gib", "peak_reserved_gib", "device_used_gib", "num_ooms", "alloc_retries"):
         m[k] = max_over(k)
     m["memory_reason"] = dev0["peaks"].get("memory_reason")
@@ -59,26 +75,37 @@ def build_record(spec: RunSpec, ranks: list[dict], loss: float | None, n_tokens:
     steps = spec.measured_steps
     if all(e is not None for e in ej):
         total = sum(ej)
-        m.update({"energy_j": total, "energy_j_per_step": total / steps,
-                  "energy_j_per_token": total / (n_tokens * steps),
-                  "avg_power_w": total / m["window_s"] if m["window_s"] else None})
+        m.update(
+            {
+                "energy_j": total,
+                "energy_j_per_step": total / steps,
+                "energy_j_per_token": total / (n_tokens * steps),
+                "avg_power_w": total / m["window_s"] if m["window_s"] else None,
+            }
+        )
     else:
         m.update({"energy_j": None, "energy_j_per_step": None, "energy_j_per_token": None, "avg_power_w": None})
     m["energy_method"] = dev0["energy"]["method"]
     m["energy_reason"] = dev0["energy"]["reason"]
 
-    if spec.mode == "decode":   # serving: the prompt's prefill and the KV cache each rank ends with
+    if spec.mode == "decode":  # serving: the prompt's prefill and the KV cache each rank ends with
         m["prefill_ms"] = max(r["serving"]["prefill_ms"] for r in ranks)
         m["prefill_tokens_per_s"] = spec.dp * spec.batch * spec.seq_len / (m["prefill_ms"] / 1e3)
         m["kv_cache_gib"] = max(r["serving"]["kv_cache_gib"] for r in ranks)
         m["decode_ms_per_token_p50"] = m.get("step_time_ms_p50")
         m["kv_cache_allocated_gib"] = max(r["serving"]["kv_cache_allocated_gib"] for r in ranks)
-        if m.get("mem_total_gib") is not None:   # the cache predates the tracked step: add it as a category
+        if m.get("mem_total_gib") is not None:  # the cache predates the tracked step: add it as a category
             m["mem_kv_cache_gib"] = m["kv_cache_allocated_gib"]
             m["mem_total_gib"] += m["kv_cache_allocated_gib"]
-    m.update({"comm_bytes_per_layer_fwd": dev0["comm"]["fwd"], "comm_bytes_per_layer_bwd": dev0["comm"]["bwd"],
-              "comm_ops_per_layer": dev0["comm"]["ops"], "loss": loss,
-              "throughput_note": rec["cpu_note"]})
+    m.update(
+        {
+            "comm_bytes_per_layer_fwd": dev0["comm"]["fwd"],
+            "comm_bytes_per_layer_bwd": dev0["comm"]["bwd"],
+            "comm_ops_per_layer": dev0["comm"]["ops"],
+            "loss": loss,
+            "throughput_note": rec["cpu_note"],
+        }
+    )
     rec["metrics"] = m
     rec["per_rank"] = {
         "step_time_ms": [r["step_ms"] for r in ranks],
@@ -90,6 +117,12 @@ def build_record(spec: RunSpec, ranks: list[dict], loss: float | None, n_tokens:
         "comm_bytes_per_layer_fwd": [r["comm"]["fwd"] for r in ranks],
         "comm_bytes_per_layer_bwd": [r["comm"]["bwd"] for r in ranks],
     }
-    rec["provenance"] = {**provenance(), **rec["provenance"], "started_at": started, "finished_at": finished,
-                         "backend": backend, "launcher": launcher}
+    rec["provenance"] = {
+        **provenance(),
+        **rec["provenance"],
+        "started_at": started,
+        "finished_at": finished,
+        "backend": backend,
+        "launcher": launcher,
+    }
     return rec

@@ -9,6 +9,7 @@ were obtained, so the summary, pandas and the report treat them alike and never 
                the experiment's hardware profile (conf/hardware/), giving predicted step time and tokens/s.
                Never fitted to the paper's numbers.
 """
+
 from __future__ import annotations
 
 import time
@@ -24,8 +25,15 @@ MODEL_SUFFIX = "-model"  # run_id suffix of the modelled twin of an estimated ru
 def estimated_record(spec: RunSpec) -> dict:
     from tspbench.predict.estimate import estimate
 
-    est = estimate(spec.model_config(), spec.parallel(), spec.seq_len, spec.batch, mode=spec.mode,
-                   dtype=spec.dtype, hardware=spec.hardware)
+    est = estimate(
+        spec.model_config(),
+        spec.parallel(),
+        spec.seq_len,
+        spec.batch,
+        mode=spec.mode,
+        dtype=spec.dtype,
+        hardware=spec.hardware,
+    )
     rec = base_record(spec, est.get("status", "ok"), est.get("reason"))
     rec["method"] = "estimated"
     rec["metrics"] = dict(est.get("metrics", {}))
@@ -44,8 +52,7 @@ def modelled_record(spec: RunSpec, run_id: str | None = None) -> dict:
     if spec.mode == "decode":
         return _modelled_decode(spec, hw, hw_name, run_id)
     mem = memory_breakdown(model, par, spec.seq_len, spec.batch, mode=spec.mode, dtype=spec.dtype)
-    comm = comm_per_layer(model, par, spec.seq_len, spec.batch, mode=spec.mode,
-                          regather_kv=spec.scheme == "tsp")
+    comm = comm_per_layer(model, par, spec.seq_len, spec.batch, mode=spec.mode, regather_kv=spec.scheme == "tsp")
     elem = BYTES[spec.dtype]
     m = _memory_metrics(mem, hw)
     m["comm_bytes_per_layer_fwd"] = comm["fwd_total"] * elem
@@ -53,8 +60,9 @@ def modelled_record(spec: RunSpec, run_id: str | None = None) -> dict:
     m["flops_per_token_causal"] = flops_per_token(model, spec.seq_len, mode=spec.mode, causal_halved=True)
     m["flops_per_token_noncausal"] = flops_per_token(model, spec.seq_len, mode=spec.mode, causal_halved=False)
     for overlap in ("none", "ideal"):
-        t = cluster_throughput(model, par, spec.seq_len, spec.batch, hw, spec.world_size, mode=spec.mode,
-                               overlap=overlap, dtype=spec.dtype)
+        t = cluster_throughput(
+            model, par, spec.seq_len, spec.batch, hw, spec.world_size, mode=spec.mode, overlap=overlap, dtype=spec.dtype
+        )
         key = "" if overlap == "none" else "_ideal_overlap"
         m[f"predicted_tokens_per_s{key}"] = t["tokens_per_s"]
         m[f"predicted_tokens_per_s_per_device{key}"] = t["tokens_per_s_per_device"]
@@ -79,9 +87,11 @@ def _modelled(spec: RunSpec, m: dict, mem_total: float, hw, hw_name: str, run_id
     m["tokens_per_s_per_device"] = m["predicted_tokens_per_s_per_device"]
     m["step_time_ms_p50"] = m["predicted_step_time_ms"]
     fits = mem_total <= hw.mem_bytes
-    rec = base_record(spec, "ok" if fits else "oom",
-                      None if fits else f"predicted {mem_total / 1e9:.1f} GB > {hw.mem_bytes / 1e9:.0f} GB "
-                                        f"of {hw_name}")
+    rec = base_record(
+        spec,
+        "ok" if fits else "oom",
+        None if fits else f"predicted {mem_total / 1e9:.1f} GB > {hw.mem_bytes / 1e9:.0f} GB of {hw_name}",
+    )
     rec["method"], rec["hardware"], rec["metrics"] = "modelled", hw_name, m
     rec["run_id"] = run_id or spec.run_id
     rec["provenance"]["hardware_profile"] = {"name": hw_name, "sources": list(getattr(hw, "sources", []))}
@@ -92,8 +102,8 @@ def _modelled_decode(spec: RunSpec, hw, hw_name: str, run_id: str | None) -> dic
     """Serving: memory = the prefill's peak with its KV cache (forward phases + cache of seq_len tokens);
     time = one decode step (costmodel_time.decode_step_time), dp replicas in parallel."""
     from tspbench.predict.costmodel import comm_decode_per_layer, kv_cache_bytes, memory_breakdown
-    from tspbench.predict.costmodel.time import decode_step_time
     from tspbench.predict.costmodel.flops import flops_per_token
+    from tspbench.predict.costmodel.time import decode_step_time
 
     model, par = spec.model_config(), spec.parallel()
     mem = memory_breakdown(model, par, spec.seq_len, spec.batch, mode="forward", dtype=spec.dtype, kv_cache=True)
@@ -101,7 +111,9 @@ def _modelled_decode(spec: RunSpec, hw, hw_name: str, run_id: str | None) -> dic
     m["kv_cache_gib"] = kv_cache_bytes(model, par, spec.seq_len, spec.batch, spec.dtype) / GIB
     m["comm_bytes_per_layer_fwd"] = comm_decode_per_layer(model, par, spec.batch) * BYTES[spec.dtype]
     m["comm_bytes_per_layer_bwd"] = 0.0
-    m["flops_per_token_causal"] = m["flops_per_token_noncausal"] = flops_per_token(model, spec.seq_len, mode="decode", causal_halved=False)
+    m["flops_per_token_causal"] = m["flops_per_token_noncausal"] = flops_per_token(
+        model, spec.seq_len, mode="decode", causal_halved=False
+    )
     for overlap in ("none", "ideal"):
         t = decode_step_time(model, par, spec.seq_len, spec.batch, hw, dtype=spec.dtype, overlap=overlap)
         key = "" if overlap == "none" else "_ideal_overlap"
@@ -109,8 +121,13 @@ def _modelled_decode(spec: RunSpec, hw, hw_name: str, run_id: str | None) -> dic
         m[f"predicted_tokens_per_s_per_device{key}"] = t["tokens_per_s"] / par.degree
         m[f"predicted_step_time_ms{key}"] = t["step_s"] * 1e3
         if overlap == "none":
-            m.update({"memory_read_ms": t["memory_s"] * 1e3, "compute_ms": t["compute_s"] * 1e3,
-                      "exposed_comm_ms": t["comm_s"] * 1e3})
+            m.update(
+                {
+                    "memory_read_ms": t["memory_s"] * 1e3,
+                    "compute_ms": t["compute_s"] * 1e3,
+                    "exposed_comm_ms": t["comm_s"] * 1e3,
+                }
+            )
     m["decode_ms_per_token_p50"] = m["predicted_step_time_ms"]
     return _modelled(spec, m, mem["total"], hw, hw_name, run_id)
 

@@ -1,9 +1,10 @@
 """The record schema's identity part, shared by every method (measured, estimated, modelled): one JSON object
 per run. Field meanings: docs/records.md."""
+
 from __future__ import annotations
 
 import json
-from typing import Any, Optional
+from typing import Any
 
 from tspbench.record.spec import RunSpec
 
@@ -12,7 +13,7 @@ METHODS = ("measured", "estimated", "modelled")
 CPU_NOTE = "CPU (gloo): checks the machinery, not GPU performance"
 
 
-def base_record(spec: RunSpec, status: str, reason: Optional[str] = None) -> dict[str, Any]:
+def base_record(spec: RunSpec, status: str, reason: str | None = None) -> dict[str, Any]:
     """The identity part of a result record (tspbench/results.py, README.md, "Result records"); the worker
     adds metrics, per-rank lists and provenance."""
     par = spec.parallel()
@@ -49,6 +50,10 @@ def base_record(spec: RunSpec, status: str, reason: Optional[str] = None) -> dic
         "fault": spec.fault["kind"] if spec.fault["kind"] != "none" else None,
         "metrics": {},
         "per_rank": {},
-        "provenance": {"seed": spec.seed, "warmup_steps": spec.warmup_steps,
-                       "measured_steps": spec.measured_steps, "config": json.loads(spec.to_json())},
+        "provenance": {
+            "seed": spec.seed,
+            "warmup_steps": spec.warmup_steps,
+            "measured_steps": spec.measured_steps,
+            "config": json.loads(spec.to_json()),
+        },
     }

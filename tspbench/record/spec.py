@@ -4,12 +4,13 @@ file (it never sees Hydra); every record repeats it under provenance.config.
 `run_id` is a hash of the workload part of the spec (model, layout, shape, dtype, device, steps, seed), so
 re-running an experiment into the same directory finds the runs already recorded `ok` and skips them.
 """
+
 from __future__ import annotations
 
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Dict, Optional
+from typing import Any
 
 from tspbench.config import ModelConfig, ParallelConfig
 
@@ -33,8 +34,8 @@ class RunSpec:
     dtype: str
     device: str
     execution: str
-    hardware: Optional[str]
-    model: Dict[str, Any]
+    hardware: str | None
+    model: dict[str, Any]
     seed: int = 0
     warmup_steps: int = 2
     measured_steps: int = 5
@@ -43,24 +44,48 @@ class RunSpec:
     power_sample_s: float = 0.1
     timeout_s: float = 600.0
     nodes: int = 1
-    fault: Dict[str, Any] = field(default_factory=lambda: {"kind": "none", "rank": 0})
+    fault: dict[str, Any] = field(default_factory=lambda: {"kind": "none", "rank": 0})
     run_id: str = ""
     results_file: str = ""
     status_dir: str = ""
     vocab: str = "auto"
 
     # Fields that define the workload, hence the run_id. Paths, time limits and faults do not.
-    IDENTITY = ("scheme", "degree", "tp", "dp", "sp_variant", "recompute", "seq_len", "batch", "mode",
-                "dtype", "device", "execution", "model", "seed", "warmup_steps", "measured_steps", "lr",
-                "memory_breakdown")
+    IDENTITY = (
+        "scheme",
+        "degree",
+        "tp",
+        "dp",
+        "sp_variant",
+        "recompute",
+        "seq_len",
+        "batch",
+        "mode",
+        "dtype",
+        "device",
+        "execution",
+        "model",
+        "seed",
+        "warmup_steps",
+        "measured_steps",
+        "lr",
+        "memory_breakdown",
+    )
 
     def __post_init__(self):
         if not self.run_id:
             self.run_id = make_run_id(self)
 
     def parallel(self) -> ParallelConfig:
-        return ParallelConfig(scheme=self.scheme, degree=self.degree, tp=self.tp, dp=self.dp,
-                              sp_variant=self.sp_variant, recompute=self.recompute, vocab=self.vocab)
+        return ParallelConfig(
+            scheme=self.scheme,
+            degree=self.degree,
+            tp=self.tp,
+            dp=self.dp,
+            sp_variant=self.sp_variant,
+            recompute=self.recompute,
+            vocab=self.vocab,
+        )
 
     def model_config(self) -> ModelConfig:
         return ModelConfig(**self.model)
@@ -83,7 +108,7 @@ class RunSpec:
         return json.dumps(asdict(self), indent=1, sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str) -> "RunSpec":
+    def from_json(cls, text: str) -> RunSpec:
         d = json.loads(text)
         return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
 
@@ -91,7 +116,7 @@ class RunSpec:
 def make_run_id(spec: RunSpec) -> str:
     """`<scheme>-d<degree>-s<S>-b<B>-<mode>-<hash>`: readable, and stable for the same workload."""
     ident = {k: getattr(spec, k) for k in RunSpec.IDENTITY}
-    if spec.vocab != "auto":        # the default keeps the run ids of records written before the option
+    if spec.vocab != "auto":  # the default keeps the run ids of records written before the option
         ident["vocab"] = spec.vocab
     digest = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:10]
     return f"{spec.scheme}-d{spec.degree}-s{spec.seq_len}-b{spec.batch}-{spec.mode}-{digest}"

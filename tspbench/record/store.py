@@ -15,6 +15,7 @@ Record layout (flat keys, units in the names; `None` means "not available", neve
     provenance{git_commit, git_dirty, torch, nccl, driver, hostname, device_names, seed, warmup_steps,
                measured_steps, started_at, finished_at, config{...}}
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -22,8 +23,9 @@ import json
 import os
 import subprocess
 import time
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from tspbench.record.schema import STATUSES
 
@@ -54,6 +56,7 @@ def _jsonable(o: Any) -> Any:
         return str(o)
     if hasattr(o, "__dataclass_fields__"):
         import dataclasses
+
         return dataclasses.asdict(o)
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
@@ -101,8 +104,10 @@ def provenance() -> dict[str, Any]:
 
     def git(*args: str) -> str | None:
         try:
-            return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True,
-                                  timeout=10).stdout.strip() or None
+            return (
+                subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=10).stdout.strip()
+                or None
+            )
         except (OSError, subprocess.SubprocessError):
             return None
 
@@ -128,6 +133,7 @@ def provenance() -> dict[str, Any]:
         prov["device_names"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
         try:
             import pynvml
+
             pynvml.nvmlInit()
             prov["driver"] = pynvml.nvmlSystemGetDriverVersion()
         except Exception:  # noqa: BLE001 - no NVML (e.g. ROCm)

@@ -1,8 +1,10 @@
 """The terminal's end-of-experiment tables: one row per run (summary_table) and, for estimated / modelled
 runs, memory by category, predicted throughput and communication per layer (breakdown_table)."""
+
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from tspbench.record.schema import STATUSES
 
@@ -22,11 +24,21 @@ def summary_table(records: Iterable[dict[str, Any]]) -> str:
     """The end-of-experiment table: one row per run (scheme × seq_len × ...), with tokens/s per device,
     peak memory and energy per token. Peak GiB is the allocator peak where the device has one (CUDA),
     else the MemTracker total at the rank's peak (marked *)."""
-    recs = sorted(latest_by_run_id(records), key=lambda r: (
-        r.get("seq_len") or 0, SCHEME_ORDER.index(r["scheme"]) if r.get("scheme") in SCHEME_ORDER else 99,
-        r.get("degree") or 0, r.get("batch") or 0, str(r.get("mode")), str(r.get("sp_variant"))))
-    head = (f"{'scheme':<8} {'variant':<10} {'deg':>3} {'T×Σ':>5} {'dp':>3} {'S':>7} {'B':>3} {'mode':<7} {'status':<8} "
-            f"{'method':<9} {'tok/s/dev':>11} {'step ms':>9} {'peak GiB':>10} {'J/token':>9} {'MFU%':>6}")
+    recs = sorted(
+        latest_by_run_id(records),
+        key=lambda r: (
+            r.get("seq_len") or 0,
+            SCHEME_ORDER.index(r["scheme"]) if r.get("scheme") in SCHEME_ORDER else 99,
+            r.get("degree") or 0,
+            r.get("batch") or 0,
+            str(r.get("mode")),
+            str(r.get("sp_variant")),
+        ),
+    )
+    head = (
+        f"{'scheme':<8} {'variant':<10} {'deg':>3} {'T×Σ':>5} {'dp':>3} {'S':>7} {'B':>3} {'mode':<7} {'status':<8} "
+        f"{'method':<9} {'tok/s/dev':>11} {'step ms':>9} {'peak GiB':>10} {'J/token':>9} {'MFU%':>6}"
+    )
     lines = [head, "-" * len(head)]
     starred = cpu = offline = False
 
@@ -46,13 +58,19 @@ def summary_table(records: Iterable[dict[str, Any]]) -> str:
         txs = f"{r.get('tp_degree') or '-'}×{r.get('sp_degree') or '-'}"
         lines.append(
             f"{r.get('scheme', '?'):<8} {_variant(r):<10} {r.get('degree', 0):>3} {txs:>5} {r.get('dp', 1):>3} "
-            f"{r.get('seq_len', 0):>7} {r.get('batch', 0):>3} {str(r.get('mode')):<7} {r['status']:<8} "
-            f"{r.get('method') or 'measured':<9} {fmt(m.get('tokens_per_s_per_device'), ',.0f'):>11} {fmt(m.get('step_time_ms_p50'), '.1f'):>9} "
+            f"{r.get('seq_len', 0):>7} {r.get('batch', 0):>3} {r.get('mode')!s:<7} {r['status']:<8} "
+            f"{r.get('method') or 'measured':<9} {fmt(m.get('tokens_per_s_per_device'), ',.0f'):>11} "
+            f"{fmt(m.get('step_time_ms_p50'), '.1f'):>9} "
             f"{fmt(peak, '.3g') + star:>10} {fmt(m.get('energy_j_per_token'), '.3g'):>9} "
-            f"{fmt(m.get('mfu_causal_pct'), '.1f'):>6}")
+            f"{fmt(m.get('mfu_causal_pct'), '.1f'):>6}"
+        )
     n_ok = sum(r["status"] == "ok" for r in recs)
-    lines.append(f"{n_ok}/{len(recs)} runs ok" + "".join(
-        f", {sum(r['status'] == s for r in recs)} {s}" for s in STATUSES[1:] if any(r["status"] == s for r in recs)))
+    lines.append(
+        f"{n_ok}/{len(recs)} runs ok"
+        + "".join(
+            f", {sum(r['status'] == s for r in recs)} {s}" for s in STATUSES[1:] if any(r["status"] == s for r in recs)
+        )
+    )
     reasons: dict[tuple[str, str], int] = {}
     for r in recs:
         if r["status"] != "ok":
@@ -63,11 +81,12 @@ def summary_table(records: Iterable[dict[str, Any]]) -> str:
     if starred:
         lines.append("* peak GiB: MemTracker total at the rank's peak (no allocator peaks on this device)")
     if offline:
-        lines.append("estimated: fake tensors running the scheme code; modelled: closed-form formulas. Their peak GiB "
-                     "and tok/s are predictions on the hardware profile, not measurements")
+        lines.append(
+            "estimated: fake tensors running the scheme code; modelled: closed-form formulas. Their peak GiB "
+            "and tok/s are predictions on the hardware profile, not measurements"
+        )
     if cpu:
-        lines.append("CPU (gloo): checks the machinery, not GPU performance; J/token and MFU are "
-                     "unavailable on CPU")
+        lines.append("CPU (gloo): checks the machinery, not GPU performance; J/token and MFU are unavailable on CPU")
     return "\n".join(lines)
 
 
@@ -86,13 +105,24 @@ def breakdown_table(records: Iterable[dict[str, Any]]) -> str:
     recs = [r for r in latest_by_run_id(records) if r.get("method") in ("estimated", "modelled")]
     if not recs:
         return ""
-    recs.sort(key=lambda r: (r.get("seq_len") or 0, SCHEME_ORDER.index(r["scheme"])
-                             if r.get("scheme") in SCHEME_ORDER else 99, r.get("tp_degree") or 0,
-                             r.get("method")))
-    head = (f"{'scheme':<7} {'T×Σ':>5} {'S':>7} {'method':<9} {'hw':<7} " + " ".join(f"{c[:6]:>6}" for c in cats)
-            + f" {'total':>7} {'pred tok/s/dev':>14} {'comm GB/layer':>13}")
-    lines = ["per-device memory (GiB) by category, predicted throughput, communication per layer:", head,
-             "-" * len(head)]
+    recs.sort(
+        key=lambda r: (
+            r.get("seq_len") or 0,
+            SCHEME_ORDER.index(r["scheme"]) if r.get("scheme") in SCHEME_ORDER else 99,
+            r.get("tp_degree") or 0,
+            r.get("method"),
+        )
+    )
+    head = (
+        f"{'scheme':<7} {'T×Σ':>5} {'S':>7} {'method':<9} {'hw':<7} "
+        + " ".join(f"{c[:6]:>6}" for c in cats)
+        + f" {'total':>7} {'pred tok/s/dev':>14} {'comm GB/layer':>13}"
+    )
+    lines = [
+        "per-device memory (GiB) by category, predicted throughput, communication per layer:",
+        head,
+        "-" * len(head),
+    ]
     for r in recs:
         m = r.get("metrics") or {}
         f = lambda v, spec: format(v, spec) if isinstance(v, (int, float)) else "-"  # noqa: E731
@@ -100,8 +130,10 @@ def breakdown_table(records: Iterable[dict[str, Any]]) -> str:
         tps = m.get("predicted_tokens_per_s_per_device")
         lines.append(
             f"{r['scheme']:<7} {str(r.get('tp_degree')) + '×' + str(r.get('sp_degree')):>5} {r.get('seq_len', 0):>7} "
-            f"{r['method']:<9} {str(r.get('hardware') or '-'):<7} "
+            f"{r['method']:<9} {r.get('hardware') or '-'!s:<7} "
             + " ".join(f"{f(m.get(f'mem_{c}_gib'), '6.2f'):>6}" for c in cats)
-            + f" {f(m.get('mem_total_gib'), '7.2f'):>7} {f(tps, ',.0f'):>14} {f(comm / 1e9 if comm else None, '.3f'):>13}"
-            + ("" if r["status"] == "ok" else f"  {r['status']}"))
+            + f" {f(m.get('mem_total_gib'), '7.2f'):>7} {f(tps, ',.0f'):>14} "
+            + f"{f(comm / 1e9 if comm else None, '.3f'):>13}"
+            + ("" if r["status"] == "ok" else f"  {r['status']}")
+        )
     return "\n".join(lines)

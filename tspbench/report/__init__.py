@@ -5,6 +5,7 @@
 
 or `python -m tspbench.report results/ --out reports/run1.html`. See build.py for the flow.
 """
+
 from pathlib import Path
 
 from tspbench.report.build import build_report

@@ -10,6 +10,7 @@ The report reads JSONL records only (never logs). Flow:
 Every derived number says what it was derived from (e.g. "peak reserved GiB x 1.0737 -> GB"), because
 records mix measured GPU runs, CPU (gloo) runs and estimated/modelled predictions.
 """
+
 from __future__ import annotations
 
 import json
@@ -25,26 +26,40 @@ from tspbench.report.frame import CPU_NOTE, MEM_PARTS, WITHIN_PCT, fmt, fmt_seq,
 
 # ---------------------------------------------------------------- other tables --------------------
 
+
 def summary_rows(df: pd.DataFrame) -> list[dict]:
     """Per-scheme summary: one row per run, already sorted by scheme / layout / sequence length."""
     out = []
     for r in records(df):
         parts = [f"{short} {fmt(r.get(k))}" for k, short in MEM_PARTS if num(r.get(k)) is not None]
         alloc, res = num(r.get("peak_allocated_gib")), num(r.get("peak_reserved_gib"))
-        peak = (f"{fmt(alloc)} / {fmt(res)}" if alloc is not None or res is not None else
-                (f"{fmt(r['mem_gib'])} ({r['mem_basis']})" if r["mem_gib"] is not None else "—"))
-        out.append({
-            "label": r["label"], "seq": fmt_seq(r.get("seq_len")), "batch": fmt(r.get("batch"), 0),
-            "mode": r.get("mode") or "—", "model": r.get("model") or "—",
-            "method": r["method"], "hw": r["hw"], "is_cpu": r["is_cpu"],
-            "tok": fmt(r["tok"], 3), "tok_dev": fmt(r["tok_dev"], 3),
-            "tok_pred": r["tok_basis"] == "predicted_tokens_per_s",
-            "mfu": f"{fmt(r.get('mfu_causal_pct'), 1)} / {fmt(r.get('mfu_noncausal_pct'), 1)}",
-            "step": f"{fmt(r['step_min'], 1)} / {fmt(r['step_p50'], 1)} / {fmt(r['step_max'], 1)}",
-            "peak": peak, "breakdown": ", ".join(parts) or "—",
-            "j_tok": fmt(r.get("energy_j_per_token"), 3),
-            "j_tok_why": r.get("energy_reason") or "", "status": r["status"],
-        })
+        peak = (
+            f"{fmt(alloc)} / {fmt(res)}"
+            if alloc is not None or res is not None
+            else (f"{fmt(r['mem_gib'])} ({r['mem_basis']})" if r["mem_gib"] is not None else "—")
+        )
+        out.append(
+            {
+                "label": r["label"],
+                "seq": fmt_seq(r.get("seq_len")),
+                "batch": fmt(r.get("batch"), 0),
+                "mode": r.get("mode") or "—",
+                "model": r.get("model") or "—",
+                "method": r["method"],
+                "hw": r["hw"],
+                "is_cpu": r["is_cpu"],
+                "tok": fmt(r["tok"], 3),
+                "tok_dev": fmt(r["tok_dev"], 3),
+                "tok_pred": r["tok_basis"] == "predicted_tokens_per_s",
+                "mfu": f"{fmt(r.get('mfu_causal_pct'), 1)} / {fmt(r.get('mfu_noncausal_pct'), 1)}",
+                "step": f"{fmt(r['step_min'], 1)} / {fmt(r['step_p50'], 1)} / {fmt(r['step_max'], 1)}",
+                "peak": peak,
+                "breakdown": ", ".join(parts) or "—",
+                "j_tok": fmt(r.get("energy_j_per_token"), 3),
+                "j_tok_why": r.get("energy_reason") or "",
+                "status": r["status"],
+            }
+        )
     return out
 
 
@@ -52,12 +67,19 @@ def failure_rows(df: pd.DataFrame) -> list[dict]:
     if df.empty:
         return []
     bad = df[df["status"] != "ok"]
-    return [{"run_id": r.get("run_id") or "—", "label": r["label"], "seq": fmt_seq(r.get("seq_len")),
-             "method": r["method"], "hw": r["hw"], "status": r["status"],
-             # A log tail can be long; its end is where the error is.
-             "reason": (str(r.get("reason"))[-1500:] if r.get("reason") not in (None, "") else
-                        "no reason recorded")}
-            for r in records(bad)]
+    return [
+        {
+            "run_id": r.get("run_id") or "—",
+            "label": r["label"],
+            "seq": fmt_seq(r.get("seq_len")),
+            "method": r["method"],
+            "hw": r["hw"],
+            "status": r["status"],
+            # A log tail can be long; its end is where the error is.
+            "reason": (str(r.get("reason"))[-1500:] if r.get("reason") not in (None, "") else "no reason recorded"),
+        }
+        for r in records(bad)
+    ]
 
 
 def provenance_rows(df: pd.DataFrame) -> tuple[list[dict], list[dict]]:
@@ -66,14 +88,18 @@ def provenance_rows(df: pd.DataFrame) -> tuple[list[dict], list[dict]]:
     for r in records(df):
         p = r["provenance"] or {}
         commit = str(p.get("git_commit") or "—")[:12] + (" (dirty)" if p.get("git_dirty") else "")
-        runs.append({"run_id": r.get("run_id") or "—", "commit": commit,
-                     "versions": " · ".join(f"{k} {p[k]}" for k in ("torch", "nccl", "driver")
-                                            if p.get(k)) or "—",
-                     "host": p.get("hostname") or "—",
-                     "devices": ", ".join(map(str, p.get("device_names") or [])) or r["hw"],
-                     "seed": p.get("seed", "—"),
-                     "steps": f"{p.get('warmup_steps', '—')} + {p.get('measured_steps', '—')}",
-                     "when": f"{p.get('started_at') or '—'} → {p.get('finished_at') or '—'}"})
+        runs.append(
+            {
+                "run_id": r.get("run_id") or "—",
+                "commit": commit,
+                "versions": " · ".join(f"{k} {p[k]}" for k in ("torch", "nccl", "driver") if p.get(k)) or "—",
+                "host": p.get("hostname") or "—",
+                "devices": ", ".join(map(str, p.get("device_names") or [])) or r["hw"],
+                "seed": p.get("seed", "—"),
+                "steps": f"{p.get('warmup_steps', '—')} + {p.get('measured_steps', '—')}",
+                "when": f"{p.get('started_at') or '—'} → {p.get('finished_at') or '—'}",
+            }
+        )
         if p.get("config") is not None:
             text = json.dumps(p["config"], indent=2, sort_keys=True, default=str)
             configs.setdefault(text, []).append(str(r.get("run_id")))
@@ -82,9 +108,26 @@ def provenance_rows(df: pd.DataFrame) -> tuple[list[dict], list[dict]]:
 
 # ---------------------------------------------------------------- exports and rendering -----------
 
-CSV_COLUMNS = ("id", "claim", "tag", "scheme", "seq_len", "n_gpus", "claimed", "unit", "ours",
-               "deviation_pct", "within", "method", "hardware", "layout", "model", "basis",
-               "run_id", "source")
+CSV_COLUMNS = (
+    "id",
+    "claim",
+    "tag",
+    "scheme",
+    "seq_len",
+    "n_gpus",
+    "claimed",
+    "unit",
+    "ours",
+    "deviation_pct",
+    "within",
+    "method",
+    "hardware",
+    "layout",
+    "model",
+    "basis",
+    "run_id",
+    "source",
+)
 
 
 def write_exports(rows: list[dict], csv_path: Path, md_path: Path) -> None:
@@ -93,16 +136,23 @@ def write_exports(rows: list[dict], csv_path: Path, md_path: Path) -> None:
     head = ["claim", "paper", "ours", "deviation", "method", "hardware", "layout", "basis"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        cells = [r["claim"], f"{fmt(r['claimed'])} {r['unit']}",
-                 f"{fmt(r['ours'])} {r['unit']}" if r["ours"] is not None else "—",
-                 f"{r['deviation_pct']:+.1f}%" if r["deviation_pct"] is not None else "—",
-                 r["method"] or "—", r["hardware"] or "—", r["layout"] or "—", r["basis"]]
+        cells = [
+            r["claim"],
+            f"{fmt(r['claimed'])} {r['unit']}",
+            f"{fmt(r['ours'])} {r['unit']}" if r["ours"] is not None else "—",
+            f"{r['deviation_pct']:+.1f}%" if r["deviation_pct"] is not None else "—",
+            r["method"] or "—",
+            r["hardware"] or "—",
+            r["layout"] or "—",
+            r["basis"],
+        ]
         lines.append("| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |")
     md_path.write_text("\n".join(lines) + "\n")
 
 
-def build_report(paths: list[str | Path], out: Path | None = None, title: str | None = None,
-                 *, claims: list[dict] | None = None) -> Path:
+def build_report(
+    paths: list[str | Path], out: Path | None = None, title: str | None = None, *, claims: list[dict] | None = None
+) -> Path:
     """Build the HTML report from JSONL files/directories; returns the HTML path. Writes
     `<stem>.csv` and `<stem>.md` (claimed vs reproduced) beside it. `claims` overrides
     tspbench.paper.claims (tests use it)."""
@@ -121,17 +171,32 @@ def build_report(paths: list[str | Path], out: Path | None = None, title: str | 
     write_exports(crow, csv_path, md_path)
     runs, configs = provenance_rows(df)
 
-    env = Environment(loader=FileSystemLoader(templates_dir()),
-                      autoescape=select_autoescape(["html", "j2"]), trim_blocks=True,
-                      lstrip_blocks=True)
+    env = Environment(
+        loader=FileSystemLoader(templates_dir()),
+        autoescape=select_autoescape(["html", "j2"]),
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
     env.filters.update(fmt=fmt, fmt_seq=fmt_seq)
     html = env.get_template("report.html.j2").render(
         title=title or "tspbench report: TSP claims vs these results",
-        generated=time.strftime("%Y-%m-%d %H:%M:%S %Z"), sources=[str(p) for p in paths],
-        n_raw=n_raw, n_runs=len(df), claims_source=claims_source, claims=crow,
-        evidence=evidence_line(claims, crow, claims_source), within_pct=WITHIN_PCT,
-        any_cpu=bool(not df.empty and df["is_cpu"].any()), cpu_note=CPU_NOTE,
-        summary=summary_rows(df), figures=make_figures(df), failures=failure_rows(df),
-        runs=runs, configs=configs, csv_name=csv_path.name, md_name=md_path.name)
+        generated=time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        sources=[str(p) for p in paths],
+        n_raw=n_raw,
+        n_runs=len(df),
+        claims_source=claims_source,
+        claims=crow,
+        evidence=evidence_line(claims, crow, claims_source),
+        within_pct=WITHIN_PCT,
+        any_cpu=bool(not df.empty and df["is_cpu"].any()),
+        cpu_note=CPU_NOTE,
+        summary=summary_rows(df),
+        figures=make_figures(df),
+        failures=failure_rows(df),
+        runs=runs,
+        configs=configs,
+        csv_name=csv_path.name,
+        md_name=md_path.name,
+    )
     out.write_text(html, encoding="utf-8")
     return out

@@ -5,6 +5,7 @@ data it needs. SVG (text as paths) inside a data: URI keeps the HTML self-contai
 each figure's ids private to its own document, and scales cleanly. Figures use `matplotlib.figure.Figure`
 directly, not pyplot, so building a report leaves no global pyplot state behind.
 """
+
 from __future__ import annotations
 
 import base64
@@ -26,6 +27,7 @@ NO_DATA = "no data for this figure"
 
 # ---------------------------------------------------------------- helpers -------------------------
 
+
 def encode(fig: Figure) -> str:
     buf = io.BytesIO()
     # metadata Date=None keeps the output reproducible for identical data.
@@ -37,7 +39,7 @@ def encode(fig: Figure) -> str:
 def palette(df: pd.DataFrame) -> dict[str, tuple]:
     """One colour per scheme+layout label, shared by every figure (df is already in scheme order)."""
     labels = list(dict.fromkeys(df["label"])) if not df.empty else []
-    name = "tab10" if len(labels) <= 10 else "tab20" if len(labels) <= 20 else "husl"   # distinct hues first
+    name = "tab10" if len(labels) <= 10 else "tab20" if len(labels) <= 20 else "husl"  # distinct hues first
     colours = sns.color_palette(name, max(len(labels), 1))
     return dict(zip(labels, colours))
 
@@ -72,13 +74,18 @@ def lines(ax, sub: pd.DataFrame, y: str, pal: dict, scale: float = 1.0) -> None:
         if g.empty:
             continue
         ls, marker = METHOD_STYLE.get(method, ("-.", "d"))
-        ax.plot(g["seq_len"].astype(float), g[y].astype(float) * scale, ls=ls, marker=marker,
-                color=pal.get(label), label=f"{label} · {method}")
+        ax.plot(
+            g["seq_len"].astype(float),
+            g[y].astype(float) * scale,
+            ls=ls,
+            marker=marker,
+            color=pal.get(label),
+            label=f"{label} · {method}",
+        )
 
 
 def panel_title(ax, name: str, is_cpu: bool) -> None:
-    ax.set_title(name + (f"\n{CPU_NOTE}" if is_cpu else ""), fontsize=9,
-                 color="firebrick" if is_cpu else "black")
+    ax.set_title(name + (f"\n{CPU_NOTE}" if is_cpu else ""), fontsize=9, color="firebrick" if is_cpu else "black")
 
 
 def ok_with(df: pd.DataFrame, *cols: str) -> pd.DataFrame:
@@ -92,10 +99,10 @@ def ok_with(df: pd.DataFrame, *cols: str) -> pd.DataFrame:
 
 # ---------------------------------------------------------------- figures -------------------------
 
+
 def fig_memory(df: pd.DataFrame, pal: dict):
     ok = ok_with(df, "seq_len", "mem_gib")
-    oom = df[(df["status"] == "oom") & df["seq_len"].map(lambda v: num(v) is not None)] \
-        if not df.empty else df
+    oom = df[(df["status"] == "oom") & df["seq_len"].map(lambda v: num(v) is not None)] if not df.empty else df
     if ok.empty and oom.empty:
         return NO_DATA + ": needs peak_reserved/allocated_gib or mem_total_gib, or OOM runs."
     both = pd.concat([ok, oom])
@@ -118,14 +125,24 @@ def fig_memory(df: pd.DataFrame, pal: dict):
             # An OOM has no peak; draw it on the capacity line (else at the top of the data).
             fallback = top or (sub["mem_gib"].max() if not sub.empty else 1.0)
             ys = [num(v) or fallback for v in bad["mem_gib"]]
-            ax.scatter(bad["seq_len"].astype(float), ys, marker="X", s=90, zorder=5,
-                       c=[pal.get(lb) for lb in bad["label"]], edgecolors="black", label="OOM")
+            ax.scatter(
+                bad["seq_len"].astype(float),
+                ys,
+                marker="X",
+                s=90,
+                zorder=5,
+                c=[pal.get(lb) for lb in bad["label"]],
+                edgecolors="black",
+                label="OOM",
+            )
         seq_axis(ax, both[both["ctx"] == name]["seq_len"])
         ax.set_ylabel("peak memory per device (GiB)")
         panel_title(ax, title, False)
         ax.legend(fontsize=7)
-    return fig, ("Measured runs: peak reserved (else allocated); estimated/modelled: predicted peak "
-                 "(mem_total_gib). × marks OOM runs." + note)
+    return fig, (
+        "Measured runs: peak reserved (else allocated); estimated/modelled: predicted peak "
+        "(mem_total_gib). × marks OOM runs." + note
+    )
 
 
 def fig_breakdown(df: pd.DataFrame, pal: dict):
@@ -180,8 +197,7 @@ def fig_throughput(df: pd.DataFrame, pal: dict):
 
 def crossover_bs(row: pd.Series) -> float | None:
     """Analytic forward crossover TSP ≤ TP (docs/method.md#crossover): B·S ≥ (2 + 2/g + 3F)·h / (4 − 2/g)."""
-    h, nh, nkv, ffn = (num(row.get(k)) for k in ("cfg_dim", "cfg_n_heads", "cfg_n_kv_heads",
-                                                  "cfg_ffn_hidden"))
+    h, nh, nkv, ffn = (num(row.get(k)) for k in ("cfg_dim", "cfg_n_heads", "cfg_n_kv_heads", "cfg_ffn_hidden"))
     if not (h and nh and nkv and ffn):
         return None
     g, f = nh / nkv, ffn / h
@@ -204,8 +220,10 @@ def fig_comm(df: pd.DataFrame, pal: dict):
         ax.set_ylabel(f"forward bytes per layer per device ({unit})")
         panel_title(ax, name, False)
         ax.legend(fontsize=7)
-    return fig, ("Communication volume per layer (forward). Dotted grey: analytic TSP ≤ TP crossover "
-                 "B·S ≥ (2+2/g+3F)·h/(4−2/g); solid black: where the data cross." + note)
+    return fig, (
+        "Communication volume per layer (forward). Dotted grey: analytic TSP ≤ TP crossover "
+        "B·S ≥ (2+2/g+3F)·h/(4−2/g); solid black: where the data cross." + note
+    )
 
 
 def mark_crossovers(ax, sub: pd.DataFrame) -> None:
@@ -227,9 +245,8 @@ def mark_crossovers(ax, sub: pd.DataFrame) -> None:
                 s = 2 ** (math.log2(s0) + t * (math.log2(s1) - math.log2(s0)))
                 found.setdefault((deg, round(math.log2(s), 2)), []).append(method)
     for (deg, log_s), methods in found.items():
-        s = 2 ** log_s
-        ax.axvline(s, color="black", lw=1,
-                   label=f"TSP ≤ TP from S≈{s:,.0f} (D={deg:g}; {', '.join(methods)})")
+        s = 2**log_s
+        ax.axvline(s, color="black", lw=1, label=f"TSP ≤ TP from S≈{s:,.0f} (D={deg:g}; {', '.join(methods)})")
 
 
 def fig_step_split(df: pd.DataFrame, pal: dict):
@@ -257,8 +274,10 @@ def fig_step_split(df: pd.DataFrame, pal: dict):
 def fig_power(df: pd.DataFrame, pal: dict):
     if df.empty or "rank_power_timeline" not in df:
         return NO_DATA + ": needs per_rank.power_timeline from a measured run."
-    has = df[(df["method"] == "measured") & df["rank_power_timeline"].map(
-        lambda t: isinstance(t, list) and any(isinstance(r, list) and r for r in t))]
+    has = df[
+        (df["method"] == "measured")
+        & df["rank_power_timeline"].map(lambda t: isinstance(t, list) and any(isinstance(r, list) and r for r in t))
+    ]
     if has.empty:
         return NO_DATA + ": needs per_rank.power_timeline from a measured run."
     has = has.sort_values("seq_len").groupby("label", sort=False).tail(1).head(6)
@@ -270,8 +289,14 @@ def fig_power(df: pd.DataFrame, pal: dict):
             pts = [p for p in pts if None not in p]
             if pts:
                 t, w = zip(*pts)
-                ax.plot(t, w, color=pal.get(r["label"]), alpha=0.8, lw=1,
-                        label=f"{r['label']} S={fmt_seq(r['seq_len'])}" if rank == 0 else None)
+                ax.plot(
+                    t,
+                    w,
+                    color=pal.get(r["label"]),
+                    alpha=0.8,
+                    lw=1,
+                    label=f"{r['label']} S={fmt_seq(r['seq_len'])}" if rank == 0 else None,
+                )
     ax.set_xlabel("time (s)")
     ax.set_ylabel("power per device (W)")
     ax.legend(fontsize=7)
@@ -304,12 +329,13 @@ def prediction_pairs(df: pd.DataFrame) -> list[tuple[pd.Series, pd.Series]]:
     """(measured, predicted) rows for the same scheme, sequence, layout, model, batch and mode."""
     if df.empty:
         return []
-    key = lambda r: tuple(str(num(r.get(k)) if num(r.get(k)) is not None else r.get(k))  # noqa: E731
-                          for k in PAIR_KEYS)
+
+    def key(r) -> tuple:
+        return tuple(str(num(r.get(k)) if num(r.get(k)) is not None else r.get(k)) for k in PAIR_KEYS)
+
     ok = df[df["status"] == "ok"]
     meas = {key(r): r for _, r in ok[ok["method"] == "measured"].iterrows()}
-    return [(meas[key(p)], p) for _, p in ok[ok["method"].isin(["estimated", "modelled"])].iterrows()
-            if key(p) in meas]
+    return [(meas[key(p)], p) for _, p in ok[ok["method"].isin(["estimated", "modelled"])].iterrows() if key(p) in meas]
 
 
 def fig_prediction(df: pd.DataFrame, pal: dict):
@@ -326,8 +352,9 @@ def fig_prediction(df: pd.DataFrame, pal: dict):
             tok.append((m["tok"], p["tok"], p["label"], p["method"]))
     panels = [(n, d) for n, d in (("peak memory per device (GiB)", mem), ("tokens/s", tok)) if d]
     if not panels:
-        return NO_DATA + ": needs a measured and an estimated/modelled run of the same " \
-                         "(scheme, seq_len, degree, model)."
+        return (
+            NO_DATA + ": needs a measured and an estimated/modelled run of the same (scheme, seq_len, degree, model)."
+        )
     fig = Figure(figsize=(5.2 * len(panels), 4.4), layout="constrained")
     for i, (what, data) in enumerate(panels):
         ax = fig.add_subplot(1, len(panels), i + 1)
@@ -338,15 +365,22 @@ def fig_prediction(df: pd.DataFrame, pal: dict):
         ax.fill_between(xs, xs * 0.9, xs * 1.1, color="grey", alpha=0.2, label="±10%")
         for label, method in sorted({(d[2], d[3]) for d in data}):
             pts = [d for d in data if d[2] == label and d[3] == method]
-            ax.scatter([d[0] for d in pts], [d[1] for d in pts], color=pal.get(label),
-                       marker=METHOD_STYLE.get(method, ("", "d"))[1], label=f"{label} · {method}")
+            ax.scatter(
+                [d[0] for d in pts],
+                [d[1] for d in pts],
+                color=pal.get(label),
+                marker=METHOD_STYLE.get(method, ("", "d"))[1],
+                label=f"{label} · {method}",
+            )
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel(f"measured {what}")
         ax.set_ylabel(f"predicted {what}")
         ax.legend(fontsize=7)
-    return fig, ("Model accuracy: predicted (estimated/modelled) vs measured for the same scheme, "
-                 "sequence, layout and model. Memory: predicted peak vs measured peak allocated.")
+    return fig, (
+        "Model accuracy: predicted (estimated/modelled) vs measured for the same scheme, "
+        "sequence, layout and model. Memory: predicted peak vs measured peak allocated."
+    )
 
 
 FIGURES = (
@@ -358,12 +392,28 @@ FIGURES = (
     ("fig-power", "Power over time", fig_power),
     ("fig-energy", "Energy per token", fig_energy),
     ("fig-prediction", "Predicted vs measured", fig_prediction),
-    ("fig-kv", "Serving: KV cache per device vs context length", lambda df, pal: fig_serving(
-        df, pal, "kv_cache_gib", "KV cache per device (GiB)",
-        "The largest rank's KV cache after prefill + decode (measured) or for the context (modelled).")),
-    ("fig-decode", "Serving: decode latency per token vs context length", lambda df, pal: fig_serving(
-        df, pal, "decode_ms_per_token_p50", "ms per decode step",
-        "Median decode step (one new token per sequence) at each context length.")),
+    (
+        "fig-kv",
+        "Serving: KV cache per device vs context length",
+        lambda df, pal: fig_serving(
+            df,
+            pal,
+            "kv_cache_gib",
+            "KV cache per device (GiB)",
+            "The largest rank's KV cache after prefill + decode (measured) or for the context (modelled).",
+        ),
+    ),
+    (
+        "fig-decode",
+        "Serving: decode latency per token vs context length",
+        lambda df, pal: fig_serving(
+            df,
+            pal,
+            "decode_ms_per_token_p50",
+            "ms per decode step",
+            "Median decode step (one new token per sequence) at each context length.",
+        ),
+    ),
 )
 
 

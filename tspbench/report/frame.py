@@ -1,12 +1,14 @@
 """Result records -> one flat pandas frame for the report: de-duplicated by run_id (last wins), metrics
 un-nested, scheme / hardware labels, the peak-memory number with its basis; and the number formats the
 report uses. Every derived number says what it was derived from."""
+
 from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import pandas as pd
 
@@ -19,23 +21,54 @@ NOT_REPRODUCED = "not reproduced by these results"
 
 SCHEME_ORDER = ("single", "tp", "tp_msp", "sp", "tp_sp", "tsp")
 # "SP" is spelled out everywhere: the paper's SP is token sharding (= CP), not Megatron-SP (docs/method.md#naming).
-SCHEME_NAMES = {"single": "single device", "tp": "TP", "tp_msp": "TP + Megatron-SP",
-                "sp": "SP (token sharding / CP)", "tp_sp": "TP×SP", "tsp": "TSP"}
+SCHEME_NAMES = {
+    "single": "single device",
+    "tp": "TP",
+    "tp_msp": "TP + Megatron-SP",
+    "sp": "SP (token sharding / CP)",
+    "tp_sp": "TP×SP",
+    "tsp": "TSP",
+}
 METHOD_ORDER = ("measured", "estimated", "modelled")
 # Device memory in GB (vendor figures) for the capacity line; a record's device_capacity_gib wins.
 CAPACITY_GB = {"mi300x": 192.0, "h200": 141.0, "h100": 80.0}
-NUMERIC = ("seq_len", "degree", "tp_degree", "sp_degree", "dp", "world_size", "nodes", "batch",
-           "tokens_per_s", "tokens_per_s_per_device", "predicted_tokens_per_s", "mem_total_gib",
-           "peak_allocated_gib", "peak_reserved_gib", "energy_j_per_token", "compute_ms",
-           "exposed_comm_ms", "comm_bytes_per_layer_fwd", "comm_bytes_per_layer_bwd",
-           "mfu_causal_pct", "mfu_noncausal_pct", "device_capacity_gib")
-MEM_PARTS = (("mem_params_gib", "params"), ("mem_grads_gib", "grads"),
-             ("mem_optimizer_gib", "optimizer"), ("mem_activations_gib", "activations"),
-             ("mem_temporaries_gib", "temporaries"), ("mem_comm_buffers_gib", "comm buffers"),
-             ("mem_kv_cache_gib", "KV cache"))
+NUMERIC = (
+    "seq_len",
+    "degree",
+    "tp_degree",
+    "sp_degree",
+    "dp",
+    "world_size",
+    "nodes",
+    "batch",
+    "tokens_per_s",
+    "tokens_per_s_per_device",
+    "predicted_tokens_per_s",
+    "mem_total_gib",
+    "peak_allocated_gib",
+    "peak_reserved_gib",
+    "energy_j_per_token",
+    "compute_ms",
+    "exposed_comm_ms",
+    "comm_bytes_per_layer_fwd",
+    "comm_bytes_per_layer_bwd",
+    "mfu_causal_pct",
+    "mfu_noncausal_pct",
+    "device_capacity_gib",
+)
+MEM_PARTS = (
+    ("mem_params_gib", "params"),
+    ("mem_grads_gib", "grads"),
+    ("mem_optimizer_gib", "optimizer"),
+    ("mem_activations_gib", "activations"),
+    ("mem_temporaries_gib", "temporaries"),
+    ("mem_comm_buffers_gib", "comm buffers"),
+    ("mem_kv_cache_gib", "KV cache"),
+)
 
 
 # ---------------------------------------------------------------- loading -------------------------
+
 
 def num(x: Any) -> float | None:
     """A finite float, or None (records use null for "not available"; NaN/strings count as missing)."""
@@ -78,7 +111,7 @@ def scheme_label(row: dict) -> str:
         lay = f"D={di}"
     else:
         lay = ""
-    if row.get("vocab") not in (None, "auto"):        # the embedding / LM-head option (ParallelConfig.vocab)
+    if row.get("vocab") not in (None, "auto"):  # the embedding / LM-head option (ParallelConfig.vocab)
         lay += f" vocab {row['vocab']}"
     return f"{name} {lay}".strip() if di or s == "tp_sp" else name
 
@@ -106,8 +139,12 @@ def peak_memory(row: dict) -> tuple[float | None, str]:
     """Peak memory per device in GiB and what it is. Measured runs: reserved (what the device must
     hold), else allocated, else the MemTracker total (CPU has no allocator peaks); estimated and
     modelled runs: the predicted peak mem_total_gib."""
-    order = (("peak_reserved_gib", "peak reserved"), ("peak_allocated_gib", "peak allocated"),
-             ("mem_total_gib", "tracked total"), ("device_used_gib", "device used"))
+    order = (
+        ("peak_reserved_gib", "peak reserved"),
+        ("peak_allocated_gib", "peak allocated"),
+        ("mem_total_gib", "tracked total"),
+        ("device_used_gib", "device used"),
+    )
     if row.get("method") in ("estimated", "modelled"):
         order = (("mem_total_gib", "predicted peak"), order[0], order[1])
     for key, what in order:
@@ -119,6 +156,7 @@ def peak_memory(row: dict) -> tuple[float | None, str]:
 def flatten(rec: dict) -> dict:
     """One flat row: top-level scalars, metrics un-nested, model_cfg.* -> cfg_*, per_rank.* ->
     rank_*, provenance kept whole; then the derived fields every table and figure uses."""
+
     def sub(key: str) -> dict:  # a nested block, or {} when missing/null/malformed
         return rec.get(key) if isinstance(rec.get(key), dict) else {}
 
@@ -150,9 +188,11 @@ def flatten(rec: dict) -> dict:
     # Step time over ranks: the record's summary, else computed from the per-rank list.
     ranks = row.get("rank_step_time_ms")
     ranks = [v for v in map(num, ranks if isinstance(ranks, list) else []) if v is not None]
-    for key, metric, fn in (("step_min", "step_time_ms_min", min),
-                            ("step_p50", "step_time_ms_p50", statistics.median),
-                            ("step_max", "step_time_ms_max", max)):
+    for key, metric, fn in (
+        ("step_min", "step_time_ms_min", min),
+        ("step_p50", "step_time_ms_p50", statistics.median),
+        ("step_max", "step_time_ms_max", max),
+    ):
         v = num(row.get(metric))
         row[key] = v if v is not None else (fn(ranks) if ranks else None)
     row["mem_gib"], row["mem_basis"] = peak_memory(row)
@@ -164,8 +204,10 @@ def records(df: pd.DataFrame) -> list[dict]:
     """DataFrame rows as dicts with pandas' NaN turned back into None (the records' "missing")."""
     if df.empty:
         return []
-    return [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()}
-            for r in df.to_dict("records")]
+    return [
+        {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()}
+        for r in df.to_dict("records")
+    ]
 
 
 def load_frame(paths: Iterable[str | Path]) -> tuple[pd.DataFrame, int]:
@@ -173,8 +215,22 @@ def load_frame(paths: Iterable[str | Path]) -> tuple[pd.DataFrame, int]:
     raw = read_records(paths)
     rows = [flatten(r) for r in dedupe(raw)]
     df = pd.DataFrame(rows)
-    for col in ("run_id", "scheme", "seq_len", "degree", "tp_degree", "sp_degree", "world_size",
-                "batch", "mode", "model", "reason", "device", "device_name", "hardware"):
+    for col in (
+        "run_id",
+        "scheme",
+        "seq_len",
+        "degree",
+        "tp_degree",
+        "sp_degree",
+        "world_size",
+        "batch",
+        "mode",
+        "model",
+        "reason",
+        "device",
+        "device_name",
+        "hardware",
+    ):
         if col not in df:
             df[col] = None
     # Numbers written as strings (or garbage) by another tool become numbers (or NaN) here, once.
@@ -183,11 +239,14 @@ def load_frame(paths: Iterable[str | Path]) -> tuple[pd.DataFrame, int]:
             df[col] = pd.to_numeric(df[col], errors="coerce")
     if not df.empty:
         # Sort on clean keys: records from other runs may carry strings where numbers are expected.
-        keys = pd.DataFrame({
-            "scheme": df["scheme"].map({s: i for i, s in enumerate(SCHEME_ORDER)}).fillna(99),
-            **{c: pd.to_numeric(df[c], errors="coerce") for c in ("degree", "tp_degree")},
-            **{c: df[c].astype(str) for c in ("model", "ctx", "method")},
-            "seq_len": pd.to_numeric(df["seq_len"], errors="coerce")})
+        keys = pd.DataFrame(
+            {
+                "scheme": df["scheme"].map({s: i for i, s in enumerate(SCHEME_ORDER)}).fillna(99),
+                **{c: pd.to_numeric(df[c], errors="coerce") for c in ("degree", "tp_degree")},
+                **{c: df[c].astype(str) for c in ("model", "ctx", "method")},
+                "seq_len": pd.to_numeric(df["seq_len"], errors="coerce"),
+            }
+        )
         order = keys.sort_values(list(keys.columns), kind="stable", na_position="last").index
         df = df.loc[order].reset_index(drop=True)
     return df, len(raw)

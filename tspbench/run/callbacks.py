@@ -5,6 +5,7 @@
 `<sweep dir>/results.jsonl`, rewritten whole each time so a resumed sweep never duplicates lines, and
 prints the summary table and the path. Registered in conf/config.yaml under `hydra.callbacks`.
 """
+
 from __future__ import annotations
 
 import os
@@ -21,8 +22,10 @@ def combine(sweep_dir: Path, extra: list[Path] = ()) -> Path:
     from tspbench.record.store import RESULTS_FILE
 
     out = sweep_dir / RESULTS_FILE
-    jobs = sorted((p for p in sweep_dir.rglob(RESULTS_FILE) if p != out),
-                  key=lambda p: [int(s) if s.isdigit() else s for s in p.relative_to(sweep_dir).parts])
+    jobs = sorted(
+        (p for p in sweep_dir.rglob(RESULTS_FILE) if p != out),
+        key=lambda p: [int(s) if s.isdigit() else s for s in p.relative_to(sweep_dir).parts],
+    )
     tmp = out.with_suffix(".jsonl.tmp")
     with open(tmp, "w") as f:
         for p in [*jobs, *extra]:
@@ -53,4 +56,5 @@ class CombineResults(Callback):
         print(f"results (combined): {out}")
         if config.get("report", True):
             from tspbench.report import finish
+
             finish([out], f"{config.get('exp_name', 'sweep')}-multirun")

@@ -13,14 +13,25 @@ ones (`seq_len=128`, `degree=4`, `batch=2`, `mode=forward`), when set, replace t
 which is what a Hydra multirun sweeps (`-m seq_len=64,128`). The scheme axis is `schemes=[tp,tsp]` (sweep it
 as `-m 'schemes=[tp],[tsp]'`).
 """
+
 from __future__ import annotations
 
 import itertools
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any
 
-from tspbench.config import (DTYPES, MODES, RECOMPUTE, SCHEMES, SP_VARIANTS, VOCAB, ConfigError, ModelConfig,
-                             ParallelConfig)
+from tspbench.cli import hardware_name
+from tspbench.config import (
+    DTYPES,
+    MODES,
+    RECOMPUTE,
+    SCHEMES,
+    SP_VARIANTS,
+    VOCAB,
+    ConfigError,
+    ModelConfig,
+    ParallelConfig,
+)
 from tspbench.record.spec import RunSpec
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -36,9 +47,9 @@ class FaultConfig:
     """none | crash (raise in the worker) | hang (sleep forever) | oom (raise torch.OutOfMemoryError)."""
     rank: int = 0
     """Global rank that misbehaves (a run whose world is smaller is left alone)."""
-    scheme: Optional[str] = None
+    scheme: str | None = None
     """Only runs of this scheme (null: every scheme)."""
-    seq_len: Optional[int] = None
+    seq_len: int | None = None
     """Only runs of this sequence length (null: every length)."""
 
 
@@ -46,12 +57,12 @@ class FaultConfig:
 class SchemeOptions:
     """Per-scheme defaults (conf/scheme_opts/<name>.yaml, merged into `scheme_opts.<name>`)."""
 
-    sp_variants: List[str] = field(default_factory=lambda: ["allgather"])
+    sp_variants: list[str] = field(default_factory=lambda: ["allgather"])
     """sp and tp_sp: K/V exchange variants to run (allgather | ring); ignored by the other schemes."""
-    vocabs: List[str] = field(default_factory=lambda: ["auto"])
+    vocabs: list[str] = field(default_factory=lambda: ["auto"])
     """Embedding / LM-head layouts to run (ParallelConfig.vocab: auto | replicated | ring, ring for tsp only),
     e.g. `scheme_opts.tsp.vocabs=[auto,ring]` or `scheme_opts.tp.vocabs=[auto,replicated]`."""
-    tps: List[int] = field(default_factory=lambda: [0])
+    tps: list[int] = field(default_factory=lambda: [0])
     """tp_sp: tensor degrees T to run (0 = the largest T ≤ √degree); values that are not proper divisors
     of the degree (1 < T < degree) are skipped, and if none is left T is auto. Ignored elsewhere."""
     label: str = ""
@@ -66,25 +77,25 @@ class ExperimentConfig:
     """Experiment name: results/<time>_<exp_name>/ and the `experiment` field of every record."""
     model: ModelConfig = field(default_factory=ModelConfig)
     """Model preset (`model=tiny|small|llama7b|llama3_8b`) or field overrides (`model.n_layers=1`)."""
-    schemes: List[str] = field(default_factory=lambda: list(SCHEMES))
+    schemes: list[str] = field(default_factory=lambda: list(SCHEMES))
     """Scheme axis of the grid. `single` always runs at degree 1 (the single-device baseline)."""
-    scheme_opts: Dict[str, SchemeOptions] = field(default_factory=dict)
+    scheme_opts: dict[str, SchemeOptions] = field(default_factory=dict)
     """Per-scheme options, filled from conf/scheme_opts/*.yaml (`scheme_opts.sp.sp_variants=[ring]`)."""
-    seq_lens: List[int] = field(default_factory=lambda: [64])
+    seq_lens: list[int] = field(default_factory=lambda: [64])
     """Sequence-length axis S."""
-    degrees: List[int] = field(default_factory=lambda: [2])
+    degrees: list[int] = field(default_factory=lambda: [2])
     """Degree axis: ranks per model replica (T, Σ, T·Σ or D)."""
-    batches: List[int] = field(default_factory=lambda: [1])
+    batches: list[int] = field(default_factory=lambda: [1])
     """Micro-batch axis B (sequences per replica per step)."""
-    modes: List[str] = field(default_factory=lambda: ["train"])
+    modes: list[str] = field(default_factory=lambda: ["train"])
     """Mode axis: train (forward + backward + AdamW step) | forward (no grad)."""
-    seq_len: Optional[int] = None
+    seq_len: int | None = None
     """If set, replaces `seq_lens` with this one value (what `-m seq_len=64,128` sweeps)."""
-    degree: Optional[int] = None
+    degree: int | None = None
     """If set, replaces `degrees`."""
-    batch: Optional[int] = None
+    batch: int | None = None
     """If set, replaces `batches`."""
-    mode: Optional[str] = None
+    mode: str | None = None
     """If set, replaces `modes`."""
     dp: int = 1
     """Data-parallel replicas per run; world size = dp × degree."""
@@ -114,13 +125,13 @@ class ExperimentConfig:
     """Wall-clock limit per run (launch + warm-up + window); a hung rank group is killed and recorded."""
     nodes: int = 1
     """Nodes the parent launches on (always 1 here; a cluster's own torchrun sets its own)."""
-    resume_dir: Optional[str] = None
+    resume_dir: str | None = None
     """Write records into this existing directory instead of Hydra's run dir, skipping its `ok` runs."""
     force: bool = False
     """Re-run runs already recorded `ok`."""
     progress: bool = True
     """Show the progress bar and the live per-run line."""
-    paper_tables: List[str] = field(default_factory=list)
+    paper_tables: list[str] = field(default_factory=list)
     """Tables from tspbench.paper.tables printed at the end (memory | throughput | plausibility | crossover): the
     cost model's answer to the paper's claims, beside the claims."""
     report: bool = True
@@ -142,11 +153,13 @@ def validate_experiment(cfg: ExperimentConfig) -> None:
         _one_of("schemes", s, SCHEMES)
     for name in cfg.scheme_opts:
         _one_of("scheme_opts key", name, SCHEMES)
-    for m in ([cfg.mode] if cfg.mode else cfg.modes):
+    for m in [cfg.mode] if cfg.mode else cfg.modes:
         _one_of("mode", m, MODES)
         if m == "decode" and cfg.execution == "estimate":
-            raise ConfigError("mode=decode cannot be estimated (fake tensors trace train and forward only); "
-                              "allowed with it: execution=measure|model|auto")
+            raise ConfigError(
+                "mode=decode cannot be estimated (fake tensors trace train and forward only); "
+                "allowed with it: execution=measure|model|auto"
+            )
     _one_of("dtype", cfg.dtype, DTYPES)
     _one_of("device", cfg.device, DEVICES)
     _one_of("execution", cfg.execution, EXECUTIONS)
@@ -160,32 +173,27 @@ def validate_experiment(cfg: ExperimentConfig) -> None:
         for v in opts.vocabs:
             _one_of(f"scheme_opts.{name}.vocabs", v, VOCAB)
             if v == "ring" and name != "tsp":
-                raise ConfigError(f"scheme_opts.{name}.vocabs=ring: the vocabulary ring is a TSP option; "
-                                  f"allowed for {name}: auto, replicated")
+                raise ConfigError(
+                    f"scheme_opts.{name}.vocabs=ring: the vocabulary ring is a TSP option; "
+                    f"allowed for {name}: auto, replicated"
+                )
     if cfg.warmup_steps < 0 or cfg.measured_steps < 1:
-        raise ConfigError(f"warmup_steps={cfg.warmup_steps} must be ≥ 0 and measured_steps="
-                          f"{cfg.measured_steps} ≥ 1")
+        raise ConfigError(f"warmup_steps={cfg.warmup_steps} must be ≥ 0 and measured_steps={cfg.measured_steps} ≥ 1")
     if cfg.timeout_s <= 0:
         raise ConfigError(f"timeout_s={cfg.timeout_s} must be > 0")
     if cfg.nodes != 1:
-        raise ConfigError(f"nodes={cfg.nodes}: the parent launches on one node only; on a cluster run "
-                          f"`torchrun --nnodes N ... -m tspbench.run.worker --spec FILE` with a spec it wrote")
+        raise ConfigError(
+            f"nodes={cfg.nodes}: the parent launches on one node only; on a cluster run "
+            f"`torchrun --nnodes N ... -m tspbench.run.worker --spec FILE` with a spec it wrote"
+        )
 
 
 def resolve_device(device: str) -> str:
     if device != "auto":
         return device
     import torch
+
     return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def hardware_name(hw: Any) -> Optional[str]:
-    """The profile's name whether the config holds a name or the `hardware/` group's dict."""
-    if hw is None or isinstance(hw, str):
-        return hw
-    if isinstance(hw, dict):
-        return hw.get("name")
-    return getattr(hw, "name", None)
 
 
 # ----------------------------------------------------------------------------------------------- grid
@@ -205,23 +213,41 @@ def expand_grid(cfg: ExperimentConfig, results_file: str = "", status_dir: str =
         for scheme in cfg.schemes:
             opts = cfg.scheme_opts.get(scheme) or SchemeOptions()
             variants = list(opts.sp_variants) if scheme in ("sp", "tp_sp") else ["allgather"]
-            for degree in ([1] if scheme == "single" else degrees):
+            for degree in [1] if scheme == "single" else degrees:
                 tps = _tps_for(scheme, degree, opts)
                 for tp in tps:
                     for variant, vocab in itertools.product(variants, opts.vocabs):
                         for batch in batches:
                             for mode in modes:
                                 spec = RunSpec(
-                                    experiment=cfg.exp_name, scheme=scheme, degree=degree, tp=tp, dp=cfg.dp,
-                                    sp_variant=variant, recompute=cfg.recompute, seq_len=seq_len,
-                                    batch=batch, mode=mode, dtype=cfg.dtype, device=device,
-                                    execution=cfg.execution, hardware=hardware_name(cfg.hardware),
-                                    model=model, seed=cfg.seed, warmup_steps=cfg.warmup_steps,
-                                    measured_steps=cfg.measured_steps, lr=cfg.lr,
-                                    memory_breakdown=cfg.memory_breakdown, power_sample_s=cfg.power_sample_s,
-                                    timeout_s=cfg.timeout_s, nodes=cfg.nodes,
+                                    experiment=cfg.exp_name,
+                                    scheme=scheme,
+                                    degree=degree,
+                                    tp=tp,
+                                    dp=cfg.dp,
+                                    sp_variant=variant,
+                                    recompute=cfg.recompute,
+                                    seq_len=seq_len,
+                                    batch=batch,
+                                    mode=mode,
+                                    dtype=cfg.dtype,
+                                    device=device,
+                                    execution=cfg.execution,
+                                    hardware=hardware_name(cfg.hardware),
+                                    model=model,
+                                    seed=cfg.seed,
+                                    warmup_steps=cfg.warmup_steps,
+                                    measured_steps=cfg.measured_steps,
+                                    lr=cfg.lr,
+                                    memory_breakdown=cfg.memory_breakdown,
+                                    power_sample_s=cfg.power_sample_s,
+                                    timeout_s=cfg.timeout_s,
+                                    nodes=cfg.nodes,
                                     fault=_fault_for(cfg.faults, scheme, seq_len, cfg.dp * degree),
-                                    results_file=results_file, status_dir=status_dir, vocab=vocab)
+                                    results_file=results_file,
+                                    status_dir=status_dir,
+                                    vocab=vocab,
+                                )
                                 if spec.run_id not in seen:
                                     seen.add(spec.run_id)
                                     out.append(spec)
@@ -235,12 +261,16 @@ def _tps_for(scheme: str, degree: int, opts: SchemeOptions) -> list[int]:
         return [0]
     auto = ParallelConfig(scheme="tp_sp", degree=degree).resolved_tp()
     tps = [auto if t == 0 else t for t in opts.tps if t == 0 or (1 < t < degree and degree % t == 0)]
-    return list(dict.fromkeys(tps)) or [auto]   # explicit T in the spec: the same layout, the same run_id
+    return list(dict.fromkeys(tps)) or [auto]  # explicit T in the spec: the same layout, the same run_id
 
 
 def _fault_for(f: FaultConfig, scheme: str, seq_len: int, world: int) -> dict[str, Any]:
-    hit = (f.kind != "none" and (f.scheme is None or f.scheme == scheme)
-           and (f.seq_len is None or f.seq_len == seq_len) and 0 <= f.rank < world)
+    hit = (
+        f.kind != "none"
+        and (f.scheme is None or f.scheme == scheme)
+        and (f.seq_len is None or f.seq_len == seq_len)
+        and 0 <= f.rank < world
+    )
     return {"kind": f.kind if hit else "none", "rank": f.rank}
 
 
@@ -255,13 +285,9 @@ def register():
 
 
 def compose_experiment(overrides: list[str]) -> ExperimentConfig:
-    """Hydra's Compose API (no output dirs, no @hydra.main): the typed config, for tests and tools."""
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
-
-    from tspbench.cli import CONF_DIR
+    """conf/config.yaml + overrides → the typed ExperimentConfig (Hydra's Compose API: no output directories,
+    no @hydra.main; for tests and tools). A bad override raises ConfigError with one line."""
+    from tspbench import cli
 
     register()
-    with initialize_config_dir(str(CONF_DIR), version_base=None):
-        cfg = compose("config", overrides=overrides)
-    return OmegaConf.to_object(cfg)
+    return cli.compose("config", overrides)

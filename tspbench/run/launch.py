@@ -16,6 +16,7 @@ Per run (`run_one`):
 
 Resume: runs whose run_id already has an `ok` record in the run dir are skipped unless force=true.
 """
+
 from __future__ import annotations
 
 import json
@@ -28,8 +29,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Optional
 
 from tspbench.config import ConfigError, validate_parallel
 from tspbench.paths import package_search_root
@@ -50,8 +51,14 @@ def run_all(specs: list[RunSpec], run_dir: Path, force: bool = False, progress: 
     run_dir = Path(run_dir)
     results = run_dir / RESULTS_FILE
     done = set() if force else ok_run_ids(results)
-    bar = tqdm(total=len(specs), desc=specs[0].experiment if specs else "tspbench", unit="run",
-               disable=not progress, dynamic_ncols=True, file=sys.stderr)
+    bar = tqdm(
+        total=len(specs),
+        desc=specs[0].experiment if specs else "tspbench",
+        unit="run",
+        disable=not progress,
+        dynamic_ncols=True,
+        file=sys.stderr,
+    )
     say = (lambda s: tqdm.write(s, file=sys.stderr)) if progress else (lambda s: print(s, file=sys.stderr))
     # SIGTERM (a scheduler's time limit, `kill`) is handled like Ctrl-C: kill the group, record, stop.
     main = threading.current_thread() is threading.main_thread()
@@ -79,6 +86,7 @@ def run_all(specs: list[RunSpec], run_dir: Path, force: bool = False, progress: 
         if main:
             signal.signal(signal.SIGTERM, prev)
     from tspbench.record.offline import MODEL_SUFFIX
+
     return latest_records(results, [i for s in specs for i in (s.run_id, s.run_id + MODEL_SUFFIX)])
 
 
@@ -88,13 +96,12 @@ def _interrupt(signum, frame):
 
 def one_line(rec: dict) -> str:
     m = rec.get("metrics") or {}
-    label = (f"{rec['scheme']} d{rec['degree']} S={rec['seq_len']} B={rec['batch']} {rec['mode']}")
+    label = f"{rec['scheme']} d{rec['degree']} S={rec['seq_len']} B={rec['batch']} {rec['mode']}"
     if rec["status"] == "ok":
         tps, method = m.get("tokens_per_s_per_device"), rec.get("method", "measured")
         if tps is None:  # estimated: memory and FLOPs, no time
             return f"ok       {label} [{method}]: peak {m.get('mem_total_gib', 0):.2f} GiB/device"
-        return (f"ok       {label} [{method}]: {tps:,.0f} tok/s/device, "
-                f"step p50 {m.get('step_time_ms_p50') or 0:.1f} ms")
+        return f"ok       {label} [{method}]: {tps:,.0f} tok/s/device, step p50 {m.get('step_time_ms_p50') or 0:.1f} ms"
     where = f" (log: {rec['log_file']})" if rec.get("log_file") else ""
     return f"{rec['status']:<8} {label}: {rec.get('reason')}{where}"
 
@@ -112,8 +119,8 @@ def latest_records(results_file: Path, run_ids: list[str]) -> list[dict]:
 
 
 # -------------------------------------------------------------------------------------------- one run
-def goes_offline(spec: RunSpec) -> Optional[str]:
-    """"estimate" / "model" when this spec will not be measured (and is valid), else None."""
+def goes_offline(spec: RunSpec) -> str | None:
+    """ "estimate" / "model" when this spec will not be measured (and is valid), else None."""
     try:
         validate_parallel(spec.model_config(), spec.parallel(), spec.seq_len, spec.batch)
     except ConfigError:
@@ -140,8 +147,7 @@ def _estimate_safe(spec: RunSpec) -> dict:
     return run_offline(spec, "estimate")
 
 
-def run_one(spec: RunSpec, run_dir: Path, on_step: Optional[Callable] = None,
-            estimated: Optional[dict] = None) -> dict:
+def run_one(spec: RunSpec, run_dir: Path, on_step: Callable | None = None, estimated: dict | None = None) -> dict:
     """Run one spec to a record (appended to `<run_dir>/results.jsonl`) and return it. `estimated`: an
     estimated record computed ahead (prefetch_estimates)."""
     run_dir = Path(run_dir)
@@ -154,7 +160,7 @@ def run_one(spec: RunSpec, run_dir: Path, on_step: Optional[Callable] = None,
         return _record(results, base_record(spec, "invalid", str(e)))
     execution, why = choose_execution(spec)
     if execution is None and spec.execution == "auto" and spec.mode == "decode":
-        return _record(results, run_offline(spec, "model"))      # decode: modelled only (no fake trace)
+        return _record(results, run_offline(spec, "model"))  # decode: modelled only (no fake trace)
     if execution is None and spec.execution == "auto":
         # The devices are not here: estimate (fake tensors) and model (formulas) instead; the modelled
         # twin carries the predicted time under its own run_id.
@@ -170,18 +176,21 @@ def run_one(spec: RunSpec, run_dir: Path, on_step: Optional[Callable] = None,
     return run_measured(spec, run_dir, on_step)
 
 
-def choose_execution(spec: RunSpec) -> tuple[Optional[str], Optional[str]]:
+def choose_execution(spec: RunSpec) -> tuple[str | None, str | None]:
     """(method, None) or (None, why the run cannot happen here)."""
     if spec.execution in ("estimate", "model"):
         return spec.execution, None
     if spec.device == "cpu":
         return "measure", None
     import torch
+
     have = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if have >= spec.world_size:
         return "measure", None
-    return None, (f"needs {spec.world_size} cuda devices, found {have} (execution={spec.execution}; "
-                  f"use device=cpu, or execution=estimate|model)")
+    return None, (
+        f"needs {spec.world_size} cuda devices, found {have} (execution={spec.execution}; "
+        f"use device=cpu, or execution=estimate|model)"
+    )
 
 
 def run_offline(spec: RunSpec, execution: str) -> dict:
@@ -206,12 +215,30 @@ def free_port() -> int:
 
 
 def worker_command(spec_file: Path, world: int, port: int) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(world),
-            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--max-restarts", "0",
-            "--monitor-interval", "0.2", "-m", "tspbench.run.worker", "--spec", str(spec_file)]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        str(world),
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{port}",
+        "--max-restarts",
+        "0",
+        "--monitor-interval",
+        "0.2",
+        "-m",
+        "tspbench.run.worker",
+        "--spec",
+        str(spec_file),
+    ]
 
 
-def run_measured(spec: RunSpec, run_dir: Path, on_step: Optional[Callable] = None) -> dict:
+def run_measured(spec: RunSpec, run_dir: Path, on_step: Callable | None = None) -> dict:
     results = Path(spec.results_file)
     spec_file = run_dir / "specs" / f"{spec.run_id}.json"
     spec_file.parent.mkdir(parents=True, exist_ok=True)
@@ -227,13 +254,23 @@ def run_measured(spec: RunSpec, run_dir: Path, on_step: Optional[Callable] = Non
     proc = reader = None
     status, reason = None, None
     with open(log_file, "w") as log:
-        log.write(f"# {spec.label()}  run_id={spec.run_id}\n# " +
-                  " ".join(worker_command(spec_file, spec.world_size, 0)) + "\n")
+        log.write(
+            f"# {spec.label()}  run_id={spec.run_id}\n# "
+            + " ".join(worker_command(spec_file, spec.world_size, 0))
+            + "\n"
+        )
         log.flush()
         try:
-            proc = subprocess.Popen(worker_command(spec_file, spec.world_size, free_port()),
-                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env=env, start_new_session=True, text=True, bufsize=1)
+            proc = subprocess.Popen(
+                worker_command(spec_file, spec.world_size, free_port()),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+                text=True,
+                bufsize=1,
+            )
             reader = threading.Thread(target=_pump, args=(proc.stdout, log, on_step), daemon=True)
             reader.start()
             while True:
@@ -243,8 +280,10 @@ def run_measured(spec: RunSpec, run_dir: Path, on_step: Optional[Callable] = Non
                 except subprocess.TimeoutExpired:
                     if time.monotonic() - started > spec.timeout_s:
                         kill_group(proc)
-                        status, reason = "timeout", (f"no result after timeout_s={spec.timeout_s:g} s; "
-                                                     f"rank group killed")
+                        status, reason = (
+                            "timeout",
+                            (f"no result after timeout_s={spec.timeout_s:g} s; rank group killed"),
+                        )
                         break
         except KeyboardInterrupt:
             if proc is not None:
@@ -258,7 +297,7 @@ def run_measured(spec: RunSpec, run_dir: Path, on_step: Optional[Callable] = Non
 
     mine = [r for r in _records_after(results, offset) if r.get("run_id") == spec.run_id]
     if mine:
-        return mine[-1]                                        # rank 0 wrote the ok record
+        return mine[-1]  # rank 0 wrote the ok record
     root = None
     if status is None:
         status, reason, root = _classify_exit(spec, proc.returncode)
@@ -287,7 +326,7 @@ def _rank_statuses(spec: RunSpec) -> list[dict]:
     return sorted(out, key=lambda s: s.get("time", 0))
 
 
-def _classify_exit(spec: RunSpec, rc: int) -> tuple[str, str, Optional[dict]]:
+def _classify_exit(spec: RunSpec, rc: int) -> tuple[str, str, dict | None]:
     """(status, reason, root-cause status) from the ranks' status files and the exit code."""
     statuses = _rank_statuses(spec)
     ooms = [s for s in statuses if s.get("status") == "oom"]
@@ -301,17 +340,25 @@ def _classify_exit(spec: RunSpec, rc: int) -> tuple[str, str, Optional[dict]]:
     return "failed", f"rank group exited with code {rc} (no rank reported why; see the log)", None
 
 
-def _failure_record(spec: RunSpec, status: str, reason: str, log_file: Path,
-                    root: Optional[dict] = None) -> dict:
+def _failure_record(spec: RunSpec, status: str, reason: str, log_file: Path, root: dict | None = None) -> dict:
     """`log_tail` is the failing rank's own traceback when it left one, else the log's tail."""
     rec = base_record(spec, status, reason)
     rec["log_file"] = str(log_file)
     rec["log_tail"] = (root or {}).get("traceback") or log_tail(log_file)
     rec["failed_rank"] = (root or {}).get("rank")
     if status == "oom":
-        rec["attempted"] = {"scheme": spec.scheme, "degree": spec.degree, "dp": spec.dp, "tp": spec.tp,
-                            "seq_len": spec.seq_len, "batch": spec.batch, "mode": spec.mode,
-                            "dtype": spec.dtype, "recompute": spec.recompute, "model": spec.model.get("name")}
+        rec["attempted"] = {
+            "scheme": spec.scheme,
+            "degree": spec.degree,
+            "dp": spec.dp,
+            "tp": spec.tp,
+            "seq_len": spec.seq_len,
+            "batch": spec.batch,
+            "mode": spec.mode,
+            "dtype": spec.dtype,
+            "recompute": spec.recompute,
+            "model": spec.model.get("name"),
+        }
     return rec
 
 
@@ -327,8 +374,8 @@ def _is_agent_noise(lines: list[str], i: int) -> bool:
         return True
     if not line.startswith("Traceback (most recent call last)"):
         return False
-    frames = []                             # this traceback's own frames: indented lines up to the exception
-    for x in lines[i + 1:]:
+    frames = []  # this traceback's own frames: indented lines up to the exception
+    for x in lines[i + 1 :]:
         if not x.startswith(" "):
             break
         frames.append(x)
@@ -423,4 +470,3 @@ def _signal_all(leader: int, pids: list[int], sig: int) -> None:
                 fn(target, sig)
             except (ProcessLookupError, PermissionError):
                 pass
-

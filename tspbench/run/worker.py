@@ -19,6 +19,7 @@ Failures: an OOM (torch.OutOfMemoryError) or any other exception writes `<status
 for the parent to turn into an `oom` / `failed` record, and exits non-zero so torchrun tears the group
 down. Injected faults (spec.fault) fire in step 0 on the chosen rank.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,11 +36,11 @@ import torch
 import torch.distributed as dist
 
 from tspbench.config import DTYPES
-from tspbench.record.spec import RunSpec
 from tspbench.measure import energy as energy_mod
 from tspbench.measure import memory as memory_mod
 from tspbench.measure import timing
 from tspbench.record.measured import build_record
+from tspbench.record.spec import RunSpec
 from tspbench.record.store import append_record
 
 PROGRESS_PREFIX = "[tspbench]"
@@ -79,7 +80,7 @@ class Fault:
             raise torch.OutOfMemoryError(f"injected OOM (faults.kind=oom) on rank {self.rank}")
         if self.kind == "hang":
             print(f"rank {self.rank}: injected hang (faults.kind=hang)", flush=True)
-            while True:                                   # the peers block in their next collective
+            while True:  # the peers block in their next collective
                 time.sleep(60)
 
 
@@ -105,8 +106,9 @@ def benchmark(spec: RunSpec, device: torch.device, rank: int, world: int) -> dic
     cfg, par = spec.model_config(), spec.parallel()
     train, decode = spec.mode == "train", spec.mode == "decode"
     log = CommLog()
-    pm = apply_scheme(cfg, par, ApplyArgs(build_mesh(par, device.type), spec.seq_len, spec.seed,
-                                          DTYPES[spec.dtype], device, log))
+    pm = apply_scheme(
+        cfg, par, ApplyArgs(build_mesh(par, device.type), spec.seq_len, spec.seed, DTYPES[spec.dtype], device, log)
+    )
     # decode: the prompt, then one new token per step (warm-up, window, breakdown and step 0 included)
     extra = spec.warmup_steps + spec.measured_steps + 2 if decode else 0
     tokens, targets = synthetic_batch(cfg, par.dp * spec.batch, spec.seq_len + extra, spec.seed, device)
@@ -123,7 +125,7 @@ def benchmark(spec: RunSpec, device: torch.device, rank: int, world: int) -> dic
         if decode:
             p = position[0]
             position[0] += 1
-            pm.decode(tokens[:, p:p + 1], p)
+            pm.decode(tokens[:, p : p + 1], p)
             return None
         if train:
             loss = pm.loss(tok, tgt, pos)[0]  # logits not kept alive through backward
@@ -157,8 +159,7 @@ def benchmark(spec: RunSpec, device: torch.device, rank: int, world: int) -> dic
         timer.step()
         if rank == 0 and (time.perf_counter() - last_print > 0.5 or i == n - 1):
             last_print = time.perf_counter()  # host clock only: a progress line, not a measurement
-            print(f"{PROGRESS_PREFIX} step {i + 1}/{n} {n_tokens * (i + 1) / timer.elapsed_s():.0f} tok/s",
-                  flush=True)
+            print(f"{PROGRESS_PREFIX} step {i + 1}/{n} {n_tokens * (i + 1) / timer.elapsed_s():.0f} tok/s", flush=True)
     step_ms = timer.stop()
     energy = meter.stop()
     peaks = memory_mod.device_peaks(device)
@@ -175,14 +176,30 @@ def benchmark(spec: RunSpec, device: torch.device, rank: int, world: int) -> dic
     if decode:
         serving["kv_cache_gib"] = pm.kv_cache_bytes() / memory_mod.GIB
         serving["kv_cache_allocated_gib"] = pm.kv_cache_bytes(allocated=True) / memory_mod.GIB
-    mine = {"step_ms": step_ms, "window_s": timer.window_s, "peaks": peaks, "mem": mem, "serving": serving,
-            "energy": energy.__dict__, "comm": comm, "device_name": device_name(device)}
+    mine = {
+        "step_ms": step_ms,
+        "window_s": timer.window_s,
+        "peaks": peaks,
+        "mem": mem,
+        "serving": serving,
+        "energy": energy.__dict__,
+        "comm": comm,
+        "device_name": device_name(device),
+    }
     gathered: list = [None] * world
     dist.all_gather_object(gathered, mine)
     if rank != 0:
         return None
-    return build_record(spec, gathered, loss_value, n_tokens, started, now(), dist.get_backend(),
-                        os.environ.get("TSPBENCH_LAUNCHER", "torchrun"))
+    return build_record(
+        spec,
+        gathered,
+        loss_value,
+        n_tokens,
+        started,
+        now(),
+        dist.get_backend(),
+        os.environ.get("TSPBENCH_LAUNCHER", "torchrun"),
+    )
 
 
 def prefill(pm, tok: torch.Tensor, pos: torch.Tensor, device: torch.device, new_tokens: int) -> dict:
@@ -205,8 +222,9 @@ def write_status(spec: RunSpec, rank: int, status: str, reason: str, tb: str = "
     d = Path(spec.status_dir)
     d.mkdir(parents=True, exist_ok=True)
     tmp = d / f".rank{rank}.json.tmp"
-    tmp.write_text(json.dumps({"rank": rank, "status": status, "reason": reason, "time": time.time(),
-                               "traceback": tb[-6000:]}))
+    tmp.write_text(
+        json.dumps({"rank": rank, "status": status, "reason": reason, "time": time.time(), "traceback": tb[-6000:]})
+    )
     tmp.replace(d / f"rank{rank}.json")
 
 
@@ -222,14 +240,18 @@ def main(argv: list[str] | None = None) -> int:
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     if world != spec.world_size:
-        print(f"tspbench.run.worker: WORLD_SIZE={world} but the spec needs dp × degree = {spec.world_size}",
-              file=sys.stderr)
+        print(
+            f"tspbench.run.worker: WORLD_SIZE={world} but the spec needs dp × degree = {spec.world_size}",
+            file=sys.stderr,
+        )
         return 2
     spec.nodes = max(1, world // max(1, local_world))
     device = setup_device(spec.device, local_rank)
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
-                            timeout=timedelta(seconds=max(60.0, spec.timeout_s)),
-                            **({"device_id": device} if device.type == "cuda" else {}))
+    dist.init_process_group(
+        "nccl" if device.type == "cuda" else "gloo",
+        timeout=timedelta(seconds=max(60.0, spec.timeout_s)),
+        **({"device_id": device} if device.type == "cuda" else {}),
+    )
     try:
         record = benchmark(spec, device, rank, world)
         if record is not None:

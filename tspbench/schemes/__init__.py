@@ -3,6 +3,7 @@
 single (reference), tp (Megatron TP), tp_msp (TP + Megatron sequence parallelism), sp (token sharding =
 context parallelism; allgather or ring), tp_sp (T × Σ mesh), tsp (the paper's folded axis).
 """
+
 from __future__ import annotations
 
 import importlib
@@ -11,7 +12,7 @@ from tspbench.config import ModelConfig, ParallelConfig
 from tspbench.schemes.base import ParallelModel
 from tspbench.schemes.ops.sharding import ApplyArgs, build_mesh
 
-__all__ = ["apply_scheme", "build_mesh", "ApplyArgs", "ParallelModel"]
+__all__ = ["ApplyArgs", "ParallelModel", "apply_scheme", "build_mesh"]
 
 
 def apply_scheme(cfg: ModelConfig, par: ParallelConfig, args: ApplyArgs) -> ParallelModel:

@@ -2,6 +2,7 @@
 over which group (bucketed all-reduce after backward), serving (KV cache, decode), and how every local tensor
 goes back to full shape for verification. How the rank's weights are built is schemes/ops/sharding.py.
 """
+
 from __future__ import annotations
 
 from typing import Protocol
@@ -40,9 +41,17 @@ class ParallelModel(nn.Module):
              head passes hidden states, the cross-entropy runs on the ring); `loss_sum` and `full` either way
     """
 
-    def __init__(self, module: Transformer, par: ParallelConfig, shards: dict[str, Shard],
-                 layout: SeqLayout | None, seq: Comm | None, dp: Comm | None, log: CommLog,
-                 vocab: VocabHead | None = None):
+    def __init__(
+        self,
+        module: Transformer,
+        par: ParallelConfig,
+        shards: dict[str, Shard],
+        layout: SeqLayout | None,
+        seq: Comm | None,
+        dp: Comm | None,
+        log: CommLog,
+        vocab: VocabHead | None = None,
+    ):
         super().__init__()
         self.module, self.par, self.shards = module, par, shards
         self.layout, self.seq, self.dp, self.log, self.vocab = layout, seq, dp, log, vocab
@@ -71,7 +80,7 @@ class ParallelModel(nn.Module):
         Returns (loss to backward, logits)."""
         logits = self(tokens, positions)
         n_tokens = targets.shape[0] * (self.layout.seq_len if self.layout else targets.shape[1])
-        if self.vocab is not None:     # vocabulary-parallel (schemes/vocab.py) or the TSP ring (vocab_ring.py)
+        if self.vocab is not None:  # vocabulary-parallel (schemes/vocab.py) or the TSP ring (vocab_ring.py)
             return self.vocab.loss_sum(logits, targets) / n_tokens, logits
         return token_loss_sum(logits, targets) / n_tokens, logits
 
@@ -95,6 +104,7 @@ class ParallelModel(nn.Module):
         """Switch every module with a decode path (f/g on one replicated token; schemes/decode.py) and hand
         them the shared DecodeState."""
         from tspbench.schemes.ops.decode import DecodeState
+
         self.decode_state = getattr(self, "decode_state", None) or DecodeState()
         for m in self.module.modules():
             if hasattr(m, "decoding"):
@@ -106,7 +116,7 @@ class ParallelModel(nn.Module):
         """One decode step after `start_kv_cache` and a prefill. tokens: [dp·B, 1], the new token of every
         replica at global `position` (the same on every rank of a group). Returns this rank's logits
         [B, 1, V] ([B, 1, V/T] where the vocabulary is split)."""
-        if not getattr(self, "decoding", False):     # once, not on every token
+        if not getattr(self, "decoding", False):  # once, not on every token
             self._set_decoding(True)
         self.decode_state.position = position
         if self.dp is not None:
@@ -145,7 +155,7 @@ class ParallelModel(nn.Module):
                 if len(chunk) > 1:
                     off = 0
                     for g in chunk:
-                        g.copy_(flat[off:off + g.numel()].view_as(g))
+                        g.copy_(flat[off : off + g.numel()].view_as(g))
                         off += g.numel()
                 del flat
 

@@ -5,13 +5,15 @@ the tensor goes, states its forward/backward pair, and takes an explicit `Comm` 
 `CommLog` it records into). Recording here is what lets tests assert the per-layer formulas of
 docs/method.md#communication exactly, and what the estimate backend counts under a fake process group.
 
-Volume convention (`recv_numel`, elements received by this rank, bandwidth-optimal algorithms, docs/method.md#communication):
+Volume convention (`recv_numel`, elements received by this rank, bandwidth-optimal algorithms,
+docs/method.md#communication):
     all-gather (output n) and reduce-scatter (input n): n·(p−1)/p
     all-reduce (n): 2·n·(p−1)/p
     broadcast / reduce (n), rooted: n·(p−1)/p on every rank (the p−1 receiving ranks' volume averaged over
         all p, so that D broadcasts of a 1/D weight shard each cost every rank the formula's (D−1)/D·W)
     point-to-point: the received tensor's numel.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -23,13 +25,13 @@ import torch.distributed as dist
 
 @dataclass
 class CommRecord:
-    op: str            # all_gather | reduce_scatter | all_reduce | broadcast | reduce | send_recv
-    phase: str         # fwd | bwd (anything issued while autograd runs backward, recompute included)
-    tag: str           # where: "layer3", "grad_sync", ...
+    op: str  # all_gather | reduce_scatter | all_reduce | broadcast | reduce | send_recv
+    phase: str  # fwd | bwd (anything issued while autograd runs backward, recompute included)
+    tag: str  # where: "layer3", "grad_sync", ...
     group_size: int
-    numel: int         # elements of the collective's full buffer (see module docstring)
+    numel: int  # elements of the collective's full buffer (see module docstring)
     recv_numel: float  # elements received by this rank
-    bytes: int         # numel × element size
+    bytes: int  # numel × element size
     recompute: bool = False  # a forward collective replayed by activation recompute
 
 
@@ -66,6 +68,10 @@ class CommLog:
 
 
 _REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
+# torch ≥ 2.12 renames the tensor collectives (the old names warn on every call); older torch (the 2.5–2.11 builds
+# of GPU images) only has the old ones. Same signature, same c10d op underneath.
+_all_gather_tensor = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter_tensor = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 class Comm:
@@ -80,19 +86,29 @@ class Comm:
     def global_rank(self, group_rank: int) -> int:
         return dist.get_global_rank(self.group, group_rank)
 
-    def record(self, op: str, t: torch.Tensor, recv_numel: float, phase: str | None = None,
-               tag: str | None = None) -> None:
+    def record(
+        self, op: str, t: torch.Tensor, recv_numel: float, phase: str | None = None, tag: str | None = None
+    ) -> None:
         if not self.log.enabled:
             return
         in_bwd = torch._C._current_graph_task_id() != -1
-        self.log.records.append(CommRecord(
-            op=op, phase=phase or ("bwd" if in_bwd else "fwd"), tag=self.log.tag if tag is None else tag,
-            group_size=self.size, numel=t.numel(), recv_numel=recv_numel,
-            bytes=t.numel() * t.element_size(), recompute=in_bwd and not self.log.in_backward_fn and phase is None))
+        self.log.records.append(
+            CommRecord(
+                op=op,
+                phase=phase or ("bwd" if in_bwd else "fwd"),
+                tag=self.log.tag if tag is None else tag,
+                group_size=self.size,
+                numel=t.numel(),
+                recv_numel=recv_numel,
+                bytes=t.numel() * t.element_size(),
+                recompute=in_bwd and not self.log.in_backward_fn and phase is None,
+            )
+        )
 
     # ---- raw collectives (recorded, not differentiable) -------------------------------------------
-    def all_reduce(self, x: torch.Tensor, tag: str | None = None, phase: str | None = None,
-                   op: str = "sum") -> torch.Tensor:
+    def all_reduce(
+        self, x: torch.Tensor, tag: str | None = None, phase: str | None = None, op: str = "sum"
+    ) -> torch.Tensor:
         """In place: element-wise sum (or max, `op="max"`) over the group."""
         self.record("all_reduce", x, 2 * x.numel() * (self.size - 1) / self.size, phase, tag)
         dist.all_reduce(x, op=_REDUCE_OPS[op], group=self.group)
@@ -103,7 +119,7 @@ class Comm:
         xs = x.movedim(dim, 0).contiguous()
         out = xs.new_empty((self.size * xs.shape[0], *xs.shape[1:]))
         self.record("all_gather", out, out.numel() * (self.size - 1) / self.size)
-        dist.all_gather_into_tensor(out, xs, group=self.group)
+        _all_gather_tensor(out, xs, group=self.group)
         return out.movedim(0, dim)
 
     def reduce_scatter(self, x: torch.Tensor, dim: int) -> torch.Tensor:
@@ -111,7 +127,7 @@ class Comm:
         xs = x.movedim(dim, 0).contiguous()
         out = xs.new_empty((xs.shape[0] // self.size, *xs.shape[1:]))
         self.record("reduce_scatter", xs, xs.numel() * (self.size - 1) / self.size)
-        dist.reduce_scatter_tensor(out, xs, group=self.group)
+        _reduce_scatter_tensor(out, xs, group=self.group)
         return out.movedim(0, dim)
 
     def broadcast(self, x: torch.Tensor, src: int) -> torch.Tensor:
@@ -133,8 +149,10 @@ class Comm:
         self.record("send_recv", recv, recv.numel())
         peer_to = self.global_rank((self.rank + offset) % self.size)
         peer_from = self.global_rank((self.rank - offset) % self.size)
-        ops = [dist.P2POp(dist.isend, send.contiguous(), peer_to, self.group, tag),
-               dist.P2POp(dist.irecv, recv, peer_from, self.group, tag)]
+        ops = [
+            dist.P2POp(dist.isend, send.contiguous(), peer_to, self.group, tag),
+            dist.P2POp(dist.irecv, recv, peer_from, self.group, tag),
+        ]
         return dist.batch_isend_irecv(ops)
 
 

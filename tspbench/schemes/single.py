@@ -2,6 +2,7 @@
 
 No communication inside the model; after backward the gradients are averaged over DP replicas.
 """
+
 from __future__ import annotations
 
 from tspbench.config import ModelConfig, ParallelConfig

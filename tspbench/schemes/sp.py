@@ -1,9 +1,9 @@
 """SP — the TSP paper's "SP": token sharding = context parallelism over a group of Σ ranks.
 
 Not Megatron-SP (that is `tp_msp`; docs/method.md#naming). Weights are replicated; rank p holds the zigzag
-token shard {chunk p, chunk 2Σ−1−p} of 2Σ chunks (docs/method.md#choice-zigzag), so every rank has one early and one late chunk and
-the causal work is equal. Everything token-wise (embedding, norms, residuals, RoPE at global positions,
-MLP, LM head) runs unchanged on the shard; only attention needs other ranks' tokens.
+token shard {chunk p, chunk 2Σ−1−p} of 2Σ chunks (docs/method.md#choice-zigzag), so every rank has one early and
+one late chunk and the causal work is equal. Everything token-wise (embedding, norms, residuals, RoPE at global
+positions, MLP, LM head) runs unchanged on the shard; only attention needs other ranks' tokens.
 
 Maths. Attention of rank p: O_p = softmax(Q_p·K_{≤pos}ᵀ/√d)·V_{≤pos}, with Q_p = X_p·W_Qᵀ from local tokens
 and K, V of the whole sequence. Two ways to obtain K, V (docs/method.md#choice-sp-variant; `par.sp_variant`):
@@ -19,6 +19,7 @@ No activation all-reduce: ranks own different tokens. Each replicated weight see
 gradient is a partial sum, completed by one all-reduce over the group after backward (finish_grad_sync;
 2·W·(Σ−1)/Σ, not per layer).
 """
+
 from __future__ import annotations
 
 import torch.nn.functional as F
@@ -31,8 +32,14 @@ from tspbench.schemes.comm import Comm
 from tspbench.schemes.ops.decode import decode_attend
 from tspbench.schemes.ops.kv_exchange import attend_sequence
 from tspbench.schemes.ops.layout import SeqLayout
-from tspbench.schemes.ops.sharding import (ATTN_SPLIT, ApplyArgs, check_shards, materialise_replicated, meta_model,
-                                           replicated_weights)
+from tspbench.schemes.ops.sharding import (
+    ATTN_SPLIT,
+    ApplyArgs,
+    check_shards,
+    materialise_replicated,
+    meta_model,
+    replicated_weights,
+)
 
 
 class SPAttention(nn.Module):
@@ -42,8 +49,9 @@ class SPAttention(nn.Module):
     decoding = False
     kv: LayerKV | None = None
 
-    def __init__(self, w: dict[str, nn.Parameter], comm: Comm, layout: SeqLayout, cfg: ModelConfig,
-                 variant: str = "allgather"):
+    def __init__(
+        self, w: dict[str, nn.Parameter], comm: Comm, layout: SeqLayout, cfg: ModelConfig, variant: str = "allgather"
+    ):
         super().__init__()
         self.wq, self.wk, self.wv, self.wo = w["wq"], w["wk"], w["wv"], w["wo"]
         self.comm, self.layout, self.variant = comm, layout, variant
@@ -55,13 +63,13 @@ class SPAttention(nn.Module):
     def forward(self, x, positions):
         # x: [B, S/Σ, h] zigzag shard; positions: its global positions, so RoPE matches the reference
         q, k, v = project_qkv(x, self.wq, self.wk, self.wv, positions, self.head_dim, self.theta)
-        if self.decoding:                                                 # one replicated token
+        if self.decoding:  # one replicated token
             o = decode_attend(q, k, v, self.kv, self.comm, self.decode_state.position)
         else:
-            if self.kv is not None:                                       # prefill: cache my tokens
+            if self.kv is not None:  # prefill: cache my tokens
                 self.kv.append(k, v)
-            o = self.attend(q, k, v)                                      # [B, n_h, S/Σ, d]
-        return F.linear(o.transpose(1, 2).flatten(2), self.wo)           # all heads local: no reduction
+            o = self.attend(q, k, v)  # [B, n_h, S/Σ, d]
+        return F.linear(o.transpose(1, 2).flatten(2), self.wo)  # all heads local: no reduction
 
 
 def apply(cfg: ModelConfig, par: ParallelConfig, args: ApplyArgs) -> ParallelModel:
@@ -69,8 +77,9 @@ def apply(cfg: ModelConfig, par: ParallelConfig, args: ApplyArgs) -> ParallelMod
     layout = SeqLayout(args.seq_len, comm.size, comm.rank, zigzag=True)
     module, shards = meta_model(cfg, par.recompute), {}
     for block in module.layers:  # MLP, norms: token-wise, the reference modules as they are
-        block.attention = SPAttention(replicated_weights(block.attention, ATTN_SPLIT), comm, layout, cfg,
-                                      par.sp_variant)
+        block.attention = SPAttention(
+            replicated_weights(block.attention, ATTN_SPLIT), comm, layout, cfg, par.sp_variant
+        )
     # every weight is replicated but used on this rank's tokens only: gradient summed over the sp group
     materialise_replicated(module, shards, args.seed, args.dtype, args.device, grad_sum=comm)
     return ParallelModel(module, par, check_shards(module, shards), layout, comm, args.comm("dp"), args.log)

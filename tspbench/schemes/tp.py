@@ -13,12 +13,20 @@ weights get identical gradients and need no reduction. Embedding and LM head are
 (schemes/vocab.py): one more all-reduce after the embedding, the LM head's f, and three B·S-scalar
 all-reduces in the cross-entropy; the logits stay [B, S, V/T].
 """
+
 from __future__ import annotations
 
 from tspbench.config import ModelConfig, ParallelConfig
 from tspbench.schemes.base import ParallelModel
-from tspbench.schemes.ops.sharding import (ATTN_SPLIT, MLP_SPLIT, ApplyArgs, check_shards, materialise_replicated,
-                                           meta_model, shard_block_weights)
+from tspbench.schemes.ops.sharding import (
+    ATTN_SPLIT,
+    MLP_SPLIT,
+    ApplyArgs,
+    check_shards,
+    materialise_replicated,
+    meta_model,
+    shard_block_weights,
+)
 from tspbench.schemes.ops.tensor_parallel import TPMLP, TPAttention
 from tspbench.schemes.ops.vocab import shard_vocab
 
@@ -27,10 +35,14 @@ def apply(cfg: ModelConfig, par: ParallelConfig, args: ApplyArgs) -> ParallelMod
     comm = args.comm("tp")
     module, shards = meta_model(cfg, par.recompute), {}
     for i, block in enumerate(module.layers):
-        block.attention = TPAttention(shard_block_weights(block.attention, f"layers.{i}.attention", ATTN_SPLIT,
-                                                          comm, args, shards), comm, cfg)
+        block.attention = TPAttention(
+            shard_block_weights(block.attention, f"layers.{i}.attention", ATTN_SPLIT, comm, args, shards), comm, cfg
+        )
         block.mlp = TPMLP(shard_block_weights(block.mlp, f"layers.{i}.mlp", MLP_SPLIT, comm, args, shards), comm)
-    vocab = (shard_vocab(module, cfg, comm, args, shards, grad_sum=None, sequence_parallel=False)
-             if par.vocab_degree > 1 else None)          # vocab=replicated: every rank the whole head
+    vocab = (
+        shard_vocab(module, cfg, comm, args, shards, grad_sum=None, sequence_parallel=False)
+        if par.vocab_degree > 1
+        else None
+    )  # vocab=replicated: every rank the whole head
     materialise_replicated(module, shards, args.seed, args.dtype, args.device, grad_sum=None)
     return ParallelModel(module, par, check_shards(module, shards), None, None, args.comm("dp"), args.log, vocab)

@@ -17,6 +17,7 @@ loss) is over the whole sequence and replicated over the group, exactly as in tp
 The norm weights see different tokens on each rank, so their gradients are summed over the group after
 backward (Megatron's all-reduce of sequence-parallel gradients).
 """
+
 from __future__ import annotations
 
 import torch
@@ -25,8 +26,15 @@ from tspbench.config import ModelConfig, ParallelConfig
 from tspbench.schemes.base import ParallelModel
 from tspbench.schemes.comm import gather_from_sequence, reduce_scatter_to_sequence
 from tspbench.schemes.ops.layout import SeqLayout
-from tspbench.schemes.ops.sharding import (ATTN_SPLIT, MLP_SPLIT, ApplyArgs, check_shards, materialise_replicated,
-                                           meta_model, shard_block_weights)
+from tspbench.schemes.ops.sharding import (
+    ATTN_SPLIT,
+    MLP_SPLIT,
+    ApplyArgs,
+    check_shards,
+    materialise_replicated,
+    meta_model,
+    shard_block_weights,
+)
 from tspbench.schemes.ops.tensor_parallel import TPMLP, TPAttention
 from tspbench.schemes.ops.vocab import shard_vocab
 
@@ -35,17 +43,18 @@ class MSPAttention(TPAttention):
     """TP attention whose entry gathers the sequence and whose exit reduce-scatters it."""
 
     def enter(self, x, positions):
-        x = gather_from_sequence(x, self.comm, dim=1)           # [B, S/T, h] → [B, S, h]
-        return x, torch.arange(x.shape[1], device=x.device)     # contiguous shards: logical order
+        x = gather_from_sequence(x, self.comm, dim=1)  # [B, S/T, h] → [B, S, h]
+        return x, torch.arange(x.shape[1], device=x.device)  # contiguous shards: logical order
 
     def exit(self, y):
-        return reduce_scatter_to_sequence(y, self.comm, dim=1)   # Σ over head shards, keep my S/T
+        return reduce_scatter_to_sequence(y, self.comm, dim=1)  # Σ over head shards, keep my S/T
+
     # decode: TPAttention.decode (f and g on the replicated token; sequence parallelism off, as in Megatron)
 
 
 class MSPMLP(TPMLP):
     def enter(self, x):
-        if self.decoding:                                        # one replicated token: plain TP
+        if self.decoding:  # one replicated token: plain TP
             return super().enter(x)
         return gather_from_sequence(x, self.comm, dim=1)
 
@@ -59,8 +68,9 @@ def apply(cfg: ModelConfig, par: ParallelConfig, args: ApplyArgs) -> ParallelMod
     comm = args.comm("tp")
     module, shards = meta_model(cfg, par.recompute), {}
     for i, block in enumerate(module.layers):
-        block.attention = MSPAttention(shard_block_weights(block.attention, f"layers.{i}.attention", ATTN_SPLIT,
-                                                           comm, args, shards), comm, cfg)
+        block.attention = MSPAttention(
+            shard_block_weights(block.attention, f"layers.{i}.attention", ATTN_SPLIT, comm, args, shards), comm, cfg
+        )
         block.mlp = MSPMLP(shard_block_weights(block.mlp, f"layers.{i}.mlp", MLP_SPLIT, comm, args, shards), comm)
     if par.vocab_degree == 1:
         # vocab=replicated: embedding, norms and head on this rank's contiguous S/T tokens, their gradients

@@ -22,6 +22,7 @@ group on different tokens, so its gradient is summed over sp after backward (fin
 T = 1 or Σ = 1 are allowed (degree ≥ 2): `ApplyArgs.comm` returns None for a size-1 axis and the
 collectives of that axis are skipped.
 """
+
 from __future__ import annotations
 
 import torch
@@ -32,8 +33,17 @@ from tspbench.schemes.base import ParallelModel
 from tspbench.schemes.comm import Comm, copy_to_region, reduce_from_region
 from tspbench.schemes.ops.kv_exchange import attend_sequence
 from tspbench.schemes.ops.layout import SeqLayout
-from tspbench.schemes.ops.sharding import (ATTN_SPLIT, MLP_SPLIT, ApplyArgs, Shard, check_shards,
-                                           materialise_replicated, meta_model, replicated_weights, shard_block_weights)
+from tspbench.schemes.ops.sharding import (
+    ATTN_SPLIT,
+    MLP_SPLIT,
+    ApplyArgs,
+    Shard,
+    check_shards,
+    materialise_replicated,
+    meta_model,
+    replicated_weights,
+    shard_block_weights,
+)
 from tspbench.schemes.ops.tensor_parallel import TPMLP, TPAttention
 from tspbench.schemes.ops.vocab import shard_vocab
 
@@ -51,17 +61,24 @@ def _g(y: torch.Tensor, comm: Comm | None) -> torch.Tensor:
 class TPSPAttention(TPAttention):
     """TP attention (heads over tp, f on entry, g on exit) whose K/V come from the sp group, as in SP."""
 
-    def __init__(self, w: dict[str, nn.Parameter], tp: Comm | None, sp: Comm | None, layout: SeqLayout,
-                 cfg: ModelConfig, variant: str = "allgather"):
+    def __init__(
+        self,
+        w: dict[str, nn.Parameter],
+        tp: Comm | None,
+        sp: Comm | None,
+        layout: SeqLayout,
+        cfg: ModelConfig,
+        variant: str = "allgather",
+    ):
         super().__init__(w, tp, cfg)
         self.sp, self.layout, self.variant = sp, layout, variant
-        self.seq_comm = sp                         # decode: the cache's tokens are sharded over sp
+        self.seq_comm = sp  # decode: the cache's tokens are sharded over sp
 
     def enter(self, x, positions):
-        return _f(x, self.comm), positions        # [B, S/Σ, h]: local tokens at global positions
+        return _f(x, self.comm), positions  # [B, S/Σ, h]: local tokens at global positions
 
     def exit(self, y):
-        return _g(y, self.comm)                    # Σ over the T head shards, local tokens only
+        return _g(y, self.comm)  # Σ over the T head shards, local tokens only
 
     def attend(self, q, k, v):
         # q: [B, n_h/T, S/Σ, d]; k, v: [B, n_kv/T, S/Σ, d] → [B, n_h/T, S/Σ, d]
@@ -78,8 +95,15 @@ class TPSPMLP(TPMLP):
         return _g(y, self.comm)
 
 
-def _block_weights(module: nn.Module, prefix: str, split: dict[str, int], tp: Comm | None, args: ApplyArgs,
-                   shards: dict[str, Shard], sp: Comm | None) -> dict[str, nn.Parameter]:
+def _block_weights(
+    module: nn.Module,
+    prefix: str,
+    split: dict[str, int],
+    tp: Comm | None,
+    args: ApplyArgs,
+    shards: dict[str, Shard],
+    sp: Comm | None,
+) -> dict[str, nn.Parameter]:
     """tp's weight slices, their gradients summed over sp. T = 1: nothing to slice; the weights stay on meta
     and `materialise_replicated` gives them full values (with the same grad_sum=sp)."""
     if tp is None:
@@ -95,7 +119,10 @@ def apply(cfg: ModelConfig, par: ParallelConfig, args: ApplyArgs) -> ParallelMod
         aw = _block_weights(block.attention, f"layers.{i}.attention", ATTN_SPLIT, tp, args, shards, sp)
         block.attention = TPSPAttention(aw, tp, sp, layout, cfg, par.sp_variant)
         block.mlp = TPSPMLP(_block_weights(block.mlp, f"layers.{i}.mlp", MLP_SPLIT, tp, args, shards, sp), tp)
-    vocab = (shard_vocab(module, cfg, tp, args, shards, grad_sum=sp, sequence_parallel=False)
-             if tp and par.vocab_degree > 1 else None)
+    vocab = (
+        shard_vocab(module, cfg, tp, args, shards, grad_sum=sp, sequence_parallel=False)
+        if tp and par.vocab_degree > 1
+        else None
+    )
     materialise_replicated(module, shards, args.seed, args.dtype, args.device, grad_sum=sp)
     return ParallelModel(module, par, check_shards(module, shards), layout, sp, args.comm("dp"), args.log, vocab)

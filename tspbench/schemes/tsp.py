@@ -8,17 +8,17 @@ Attention (docs/method.md#tsp-attention), rank p, local tokens X_p:
     for r in 0 … D−1:   W_r = broadcast(packed W_Q,K,V,O shard, src=r)
                         Q = X_p·W_Qrᵀ;  K, V = all_gather_seq(X_p·W_Krᵀ, X_p·W_Vrᵀ)  (shard r's heads, all S tokens)
                         Y_p += causal_attn(Q, K, V)·W_Orᵀ                           (local sum: no all-reduce)
-Gated MLP (docs/method.md#tsp-mlp): shards travel a ring (send to p+1, receive from p−1), double-buffered so shard t+1 is in
-flight while shard t computes; Y_p += SwiGLU_t(X_p) accumulates locally.
+Gated MLP (docs/method.md#tsp-mlp): shards travel a ring (send to p+1, receive from p−1), double-buffered so shard
+t+1 is in flight while shard t computes; Y_p += SwiGLU_t(X_p) accumulates locally.
 
-Backward (docs/method.md#choice-backward, our design): attention re-broadcasts each shard and re-gathers its K/V (each owner step is
-recomputed, so nothing of size S is kept per shard); each shard's weight gradient is reduced to its owner
-(the dual of the broadcast) and dK/dV are reduce-scattered back to the token owners (the dual of the
+Backward (docs/method.md#choice-backward, our design): attention re-broadcasts each shard and re-gathers its K/V
+(each owner step is recomputed, so nothing of size S is kept per shard); each shard's weight gradient is reduced to
+its owner (the dual of the broadcast) and dK/dV are reduce-scattered back to the token owners (the dual of the
 all-gather). The MLP re-circulates the weights and a gradient accumulator travels behind each shard, picking
 up every rank's partial dW and arriving summed at the owner after D−1 hops (a ring reduce-scatter). dX
-stays local. Norms, embedding and LM head are replicated and run on local tokens (docs/method.md#choice-embedding), so their gradients
-are all-reduced over the group; with vocab=ring the embedding and LM head are sharded 1/D and travel the
-same weight ring as the MLP (schemes/vocab_ring.py, docs/method.md#choice-embedding).
+stays local. Norms, embedding and LM head are replicated and run on local tokens (docs/method.md#choice-embedding),
+so their gradients are all-reduced over the group; with vocab=ring the embedding and LM head are sharded 1/D and
+travel the same weight ring as the MLP (schemes/vocab_ring.py, docs/method.md#choice-embedding).
 
 Communication per layer per rank, forward (elements received; W = (2+2/g+3F)·h² weights, K = 2·B·S·h/g):
     D broadcasts of (2+2/g)·h²/D  +  D−1 ring hops of 3F·h²/D   → W·(D−1)/D
@@ -28,6 +28,7 @@ backward: the broadcasts and all-gathers again (recompute), D reduces (attention
 backward. (docs/method.md#communication's 3W + 2K assumes the gathered K/V are kept from the forward instead of
 re-gathered; docs/method.md#choice-backward's default, followed here, re-gathers them.)
 """
+
 from __future__ import annotations
 
 import torch
@@ -42,9 +43,17 @@ from tspbench.schemes.comm import Comm, broadcast_from_owner, gather_from_sequen
 from tspbench.schemes.ops.decode import decode_attend
 from tspbench.schemes.ops.layout import SeqLayout, attend_shard
 from tspbench.schemes.ops.ring import pack, ring_backward, ring_forward, unpack
-from tspbench.schemes.ops.sharding import (ATTN_SPLIT, MLP_SPLIT, ApplyArgs, check_shards, materialise_replicated,
-                                           meta_model, shard_block_weights)
+from tspbench.schemes.ops.sharding import (
+    ATTN_SPLIT,
+    MLP_SPLIT,
+    ApplyArgs,
+    check_shards,
+    materialise_replicated,
+    meta_model,
+    shard_block_weights,
+)
 from tspbench.schemes.ops.vocab_ring import ring_vocab
+
 
 # ---- attention: broadcast loop + K/V all-gather -------------------------------------------------------
 class TSPAttention(nn.Module):
@@ -62,8 +71,7 @@ class TSPAttention(nn.Module):
         self.head_dim, self.theta = cfg.head_dim, cfg.rope_theta
         self._prefill_kv: list[tuple[torch.Tensor, torch.Tensor]] = []
 
-    def owner_step(self, x: torch.Tensor, own: torch.Tensor, r: int, positions: torch.Tensor,
-                   tag: str) -> torch.Tensor:
+    def owner_step(self, x: torch.Tensor, own: torch.Tensor, r: int, positions: torch.Tensor, tag: str) -> torch.Tensor:
         """Owner r's contribution to this rank's output. x: [B, S/D, h] → [B, S/D, h]. `tag` keeps the
         layer label on collectives replayed by the recompute in backward."""
         shapes = [self.wq.shape, self.wk.shape, self.wv.shape, self.wo.shape]
@@ -73,12 +81,12 @@ class TSPAttention(nn.Module):
     def _owner_step(self, x, own, r, positions, shapes):
         wq, wk, wv, wo = unpack(broadcast_from_owner(own, self.comm, src=r), shapes)
         q, k, v = project_qkv(x, wq, wk, wv, positions, self.head_dim, self.theta)  # [B, heads_r, S/D, d]
-        if self.kv is not None:                      # prefill: owner r's heads of my tokens
+        if self.kv is not None:  # prefill: owner r's heads of my tokens
             self._prefill_kv.append((k.detach(), v.detach()))
         n_kv = k.shape[1]
-        kv = gather_from_sequence(torch.cat([k, v], dim=1), self.comm, dim=2)      # [B, 2·n_kv/D, S, d]
-        kv = self.layout.unshard(kv, dim=2)                                          # zigzag → logical order
-        o = attend_shard(q, kv[:, :n_kv], kv[:, n_kv:], self.layout)                # [B, n_h/D, S/D, d]
+        kv = gather_from_sequence(torch.cat([k, v], dim=1), self.comm, dim=2)  # [B, 2·n_kv/D, S, d]
+        kv = self.layout.unshard(kv, dim=2)  # zigzag → logical order
+        o = attend_shard(q, kv[:, :n_kv], kv[:, n_kv:], self.layout)  # [B, n_h/D, S/D, d]
         return F.linear(o.transpose(1, 2).flatten(2), wo)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -93,7 +101,7 @@ class TSPAttention(nn.Module):
                 y = y + checkpoint(self.owner_step, x, own, r, positions, tag, use_reentrant=False)
             else:
                 y = y + self.owner_step(x, own, r, positions, tag)
-        if self.kv is not None:                      # every head of my tokens, in owner (= head) order
+        if self.kv is not None:  # every head of my tokens, in owner (= head) order
             ks, vs = zip(*self._prefill_kv)
             self.kv.append(torch.cat(ks, dim=1), torch.cat(vs, dim=1))
             self._prefill_kv.clear()
@@ -104,7 +112,7 @@ class TSPAttention(nn.Module):
         are all-gathered over heads, the owner of `position` caches k, v, and the partial attentions over
         each rank's cached tokens merge onto the head owners, whose W_O partial sums are all-reduced."""
         q, k, v = project_qkv(x, self.wq, self.wk, self.wv, positions, self.head_dim, self.theta)
-        q, k, v = (self.comm.all_gather(t.contiguous(), dim=1) for t in (q, k, v))   # every head, [B, ·, 1, d]
+        q, k, v = (self.comm.all_gather(t.contiguous(), dim=1) for t in (q, k, v))  # every head, [B, ·, 1, d]
         o = decode_attend(q, k, v, self.kv, self.comm, self.decode_state.position, scatter_heads=True)  # my heads
         return reduce_from_region(F.linear(o.transpose(1, 2).flatten(2), self.wo), self.comm)
 
@@ -123,7 +131,8 @@ class _RingMLP(torch.autograd.Function):
         y = torch.zeros_like(x)
 
         def step(owner, buf):
-            y.add_(swiglu(x, *unpack(buf, shapes)))   # partial over this shard's F·h/D channels
+            y.add_(swiglu(x, *unpack(buf, shapes)))  # partial over this shard's F·h/D channels
+
         ring_forward(comm, pack([w_gate, w_up, w_down]), step)
         return y
 
@@ -136,7 +145,8 @@ class _RingMLP(torch.autograd.Function):
         def partial_grad(owner, buf):
             dx_t, dw_t = _swiglu_grads(x, unpack(buf, shapes), dy)
             dx.add_(dx_t)
-            return pack(dw_t)                        # this rank's partial dW for the shard
+            return pack(dw_t)  # this rank's partial dW for the shard
+
         with comm.log.scope(ctx.tag, backward=True):
             own_grad = ring_backward(comm, pack([w_gate, w_up, w_down]).detach(), partial_grad)
         dwg, dwu, dwd = unpack(own_grad, shapes)
@@ -162,7 +172,9 @@ class TSPMLP(nn.Module):
         self.comm = comm
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.decoding:   # one replicated token: my channels in place, partial sums all-reduced (docs/method.md#choice-decode)
+        if (
+            self.decoding
+        ):  # one replicated token: my channels in place, partial sums all-reduced (docs/method.md#choice-decode)
             return reduce_from_region(swiglu(x, self.w_gate, self.w_up, self.w_down), self.comm)
         return _RingMLP.apply(x, self.w_gate, self.w_up, self.w_down, self.comm)
 
@@ -172,9 +184,15 @@ def apply(cfg: ModelConfig, par: ParallelConfig, args: ApplyArgs) -> ParallelMod
     layout = SeqLayout(args.seq_len, comm.size, comm.rank, zigzag=True)
     module, shards = meta_model(cfg, par.recompute), {}
     for i, block in enumerate(module.layers):
-        block.attention = TSPAttention(shard_block_weights(block.attention, f"layers.{i}.attention", ATTN_SPLIT,
-                                                           comm, args, shards), comm, layout, cfg)
+        block.attention = TSPAttention(
+            shard_block_weights(block.attention, f"layers.{i}.attention", ATTN_SPLIT, comm, args, shards),
+            comm,
+            layout,
+            cfg,
+        )
         block.mlp = TSPMLP(shard_block_weights(block.mlp, f"layers.{i}.mlp", MLP_SPLIT, comm, args, shards), comm)
-    vocab = ring_vocab(module, cfg, comm, args, shards) if par.vocab == "ring" else None   # docs/method.md#choice-embedding
+    vocab = (
+        ring_vocab(module, cfg, comm, args, shards) if par.vocab == "ring" else None
+    )  # docs/method.md#choice-embedding
     materialise_replicated(module, shards, args.seed, args.dtype, args.device, grad_sum=comm)
     return ParallelModel(module, par, check_shards(module, shards), layout, comm, args.comm("dp"), args.log, vocab)

@@ -1,4 +1,5 @@
 """`python -m tspbench.verify scheme=tsp degree=4 ...` (tspbench.verify.cli.main)."""
+
 import sys
 
 from tspbench.verify.cli import main

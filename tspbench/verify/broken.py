@@ -3,6 +3,7 @@
 Each entry is a context manager that patches one plausible bug into the real code path (nothing in the
 schemes knows about these: no flags). Used by tests through `verify.run_case(..., breakage=NAME)`.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -15,6 +16,7 @@ import torch
 def missing_allreduce():
     """TP's g (all-reduce after the row-parallel GEMM) forgotten: each rank keeps its partial sum."""
     from tspbench.schemes import comm
+
     with mock.patch.object(comm._ReduceFromRegion, "forward", staticmethod(lambda ctx, x, c: x.clone())):
         yield
 
@@ -23,6 +25,7 @@ def missing_allreduce():
 def wrong_zigzag_order():
     """Gathered K/V left in rank order instead of being put back in logical (un-zigzagged) order."""
     from tspbench.schemes.ops.layout import SeqLayout
+
     with mock.patch.object(SeqLayout, "unshard", lambda self, g, dim=1: g):
         yield
 
@@ -31,6 +34,7 @@ def wrong_zigzag_order():
 def skipped_ring_hop():
     """Every TSP weight-ring hop is dropped: each rank applies the shard it already had again."""
     from tspbench.schemes.comm import Comm
+
     real = Comm.start_shift
 
     def start_shift(self, send, recv, offset=1, tag=0):
@@ -40,6 +44,7 @@ def skipped_ring_hop():
         if tag == 1:  # schemes.ring.WEIGHT_TAG
             recv.copy_(send)  # pretend the hop never happened
         return []
+
     with mock.patch.object(Comm, "start_shift", start_shift):
         yield
 
@@ -48,6 +53,7 @@ def skipped_ring_hop():
 def missing_grad_sync():
     """Partial gradients of token-sharded replicated weights never summed over the group."""
     from tspbench.schemes.base import ParallelModel
+
     with mock.patch.object(ParallelModel, "finish_grad_sync", lambda self: None):
         yield
 
@@ -59,6 +65,7 @@ def no_reduce_to_owner():
 
     def backward(ctx, g):
         return (g if ctx.comm.rank == ctx.src else torch.zeros_like(g)), None, None
+
     with mock.patch.object(comm._BroadcastFromOwner, "backward", staticmethod(backward)):
         yield
 
@@ -72,6 +79,7 @@ def unmasked_vocab_shard():
     def local_ids(self, tokens):
         local = (tokens - self.start) % self.size
         return local, torch.zeros_like(local, dtype=torch.bool)
+
     with mock.patch.object(VocabShard, "local_ids", local_ids):
         yield
 
@@ -81,6 +89,7 @@ def head_input_grad_not_reduced():
     """Vocabulary-parallel LM head without Megatron's f: each rank back-propagates only its V/T classes'
     share of the head-input gradient."""
     from tspbench.schemes.ops import vocab
+
     with mock.patch.object(vocab, "copy_to_region", lambda x, comm: x):
         yield
 
@@ -90,6 +99,7 @@ def decode_cached_everywhere():
     """Serving: every rank of the sequence group caches the new token (not just its owner), so the merged
     decode attention counts it once per rank."""
     from tspbench.schemes.ops import decode
+
     with mock.patch.object(decode, "is_owner", lambda position, comm: True):
         yield
 
@@ -99,18 +109,21 @@ def ring_head_local_softmax():
     """TSP vocab=ring: the cross-entropy normalises each shard's logits on its own (a log-sum-exp that is
     reset at every ring step) instead of folding the shards into one online softmax."""
     from tspbench.schemes.ops import vocab_ring
+
     real = vocab_ring.ring_forward
 
     def ring_forward(comm, own, step):
         def reset_step(owner, buf):
             cells = step.__closure__ or ()
-            for c in cells:   # the forward's running (m, l): forget the shards seen so far
+            for c in cells:  # the forward's running (m, l): forget the shards seen so far
                 v = c.cell_contents
                 if isinstance(v, dict) and "m" in v:
                     v["m"].fill_(-torch.inf)
                     v["l"].zero_()
             step(owner, buf)
+
         return real(comm, own, reset_step)
+
     with mock.patch.object(vocab_ring, "ring_forward", ring_forward):
         yield
 

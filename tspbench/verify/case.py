@@ -12,6 +12,7 @@ so an element whose gradient sits near ε moves by up to lr on a last-bit differ
 optimiser's conditioning, not the scheme's, and float32/bfloat16 rounding reaches it. float64 rounding
 does not, so the optimiser path is checked there.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -25,31 +26,21 @@ TOL = {"float64": 1e-10, "float32": 2e-4, "bfloat16": 5e-2}
 
 
 @dataclass
-class VerifyConfig:
-    """Flat so the CLI reads like the issue: `scheme=tsp degree=4 dp=2 model.n_kv_heads=2 seq_len=64`."""
+class VerifyConfig(ParallelConfig):
+    """`python -m tspbench.verify`: one case. Flat, so the command reads like the layout it checks
+    (`scheme=tsp degree=4 dp=2 model.n_kv_heads=2 seq_len=64`); the layout fields are ParallelConfig's."""
 
-    model: ModelConfig = field(default_factory=ModelConfig)
-    """Model dimensions (a `model=` preset from conf/model or `model.dim=...` overrides)."""
     scheme: str = "tsp"
-    """single | tp | tp_msp | sp | tp_sp | tsp."""
     degree: int = 2
-    """Ranks per replica (T, Σ, T·Σ or D)."""
-    tp: int = 0
-    """tp_sp: tensor degree T (0 = auto)."""
-    dp: int = 1
-    """Data-parallel replicas; world = dp × degree."""
-    sp_variant: str = "allgather"
-    """sp / tp_sp K/V exchange: allgather | ring."""
-    recompute: str = "none"
-    """none | full."""
-    vocab: str = "auto"
-    """Embedding / LM head: auto | replicated | ring (tsp only); see ParallelConfig.vocab."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """Model dimensions: a preset (`model=tiny|small|llama7b|llama3_8b`, conf/model) or field overrides
+    (`model.n_kv_heads=2`)."""
     seq_len: int = 32
     """Sequence length S (zigzag needs S divisible by 2·Σ)."""
     batch: int = 2
     """Micro-batch per replica."""
     dtype: str = "float64"
-    """float64 (parity), float32, bfloat16 (smoke)."""
+    """float64 (parity), float32, bfloat16 (smoke); tolerances in tspbench.verify.case.TOL."""
     seed: int = 0
     """Seed for weights and data."""
     device: str = "cpu"
@@ -58,11 +49,19 @@ class VerifyConfig:
     """Also compare parameters after one AdamW step (float64 only; see the module docstring)."""
     decode_steps: int = 0
     """Serving instead of training: prefill seq_len tokens into a KV cache, then decode this many tokens one
-    at a time, comparing the prefill and every decode step's logits with the reference (tspbench/verify_decode.py)."""
+    at a time, comparing the prefill and every decode step's logits with the reference (tspbench/verify/serve.py)."""
 
     def parallel(self) -> ParallelConfig:
-        return ParallelConfig(scheme=self.scheme, degree=self.degree, tp=self.tp, dp=self.dp,
-                              sp_variant=self.sp_variant, recompute=self.recompute, vocab=self.vocab)
+        """The layout alone (what the schemes take)."""
+        return ParallelConfig(
+            scheme=self.scheme,
+            degree=self.degree,
+            tp=self.tp,
+            dp=self.dp,
+            sp_variant=self.sp_variant,
+            recompute=self.recompute,
+            vocab=self.vocab,
+        )
 
     def validate(self) -> None:
         if self.dtype not in DTYPES:
@@ -72,8 +71,10 @@ class VerifyConfig:
         if self.decode_steps < 0:
             raise ConfigError(f"decode_steps={self.decode_steps} must be ≥ 0 (0: training parity)")
         if self.device == "cuda" and torch.cuda.device_count() < self.parallel().world_size:
-            raise ConfigError(f"device=cuda needs {self.parallel().world_size} GPUs (dp × degree), "
-                              f"found {torch.cuda.device_count()}; use device=cpu")
+            raise ConfigError(
+                f"device=cuda needs {self.parallel().world_size} GPUs (dp × degree), "
+                f"found {torch.cuda.device_count()}; use device=cpu"
+            )
         validate_parallel(self.model, self.parallel(), self.seq_len, self.batch)
 
 
@@ -90,10 +91,10 @@ class TensorCheck:
 class CaseResult:
     case: dict
     checks: list[TensorCheck]
-    comm_layer0: dict          # recv elements per phase, layer 0, one forward+backward
-    comm_ops_layer0: list      # (op, phase, numel, recv_numel) for layer 0
-    comm_edges: dict           # recv elements per phase of the embedding ("embed") and LM head + loss ("head")
-    param_bytes: list[int]     # per rank
+    comm_layer0: dict  # recv elements per phase, layer 0, one forward+backward
+    comm_ops_layer0: list  # (op, phase, numel, recv_numel) for layer 0
+    comm_edges: dict  # recv elements per phase of the embedding ("embed") and LM head + loss ("head")
+    param_bytes: list[int]  # per rank
     activation_bytes: list[int]  # per rank: bytes saved for backward by one forward (params excluded)
     breakage: str | None = None
     kv_cache_bytes: list[int] = field(default_factory=list)  # per rank, after prefill + decode (serving)
@@ -117,4 +118,5 @@ def breakage(name: str | None):
     if name is None:
         return contextlib.nullcontext()
     from tspbench.verify.broken import BREAKAGES
+
     return BREAKAGES[name]()

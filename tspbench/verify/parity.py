@@ -4,6 +4,7 @@ Builds the reference and the sharded model from one seed, runs the same global b
 (forward, backward, one AdamW step), gathers the sharded logits, every parameter gradient and every
 updated parameter back to full shape and compares them (tolerances: tspbench.verify.case).
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict
@@ -13,13 +14,15 @@ import torch.distributed as dist
 
 from tspbench.config import DTYPES
 from tspbench.model import build_model, synthetic_batch, token_loss_sum
-from tspbench.verify.case import TOL, CaseResult, VerifyConfig, breakage as _breakage, check_tensor as _check
+from tspbench.verify.case import TOL, CaseResult, VerifyConfig
+from tspbench.verify.case import breakage as _breakage
+from tspbench.verify.case import check_tensor as _check
 
 
 def run_case(vc: VerifyConfig, breakage: str | None = None) -> CaseResult | None:
     """Collective over the default process group (world = dp × degree). Returns the result on rank 0."""
-    from tspbench.schemes import ApplyArgs, apply_scheme, build_mesh
     from tspbench.measure.memory import saved_tensor_bytes
+    from tspbench.schemes import ApplyArgs, apply_scheme, build_mesh
     from tspbench.schemes.comm import CommLog
 
     par = vc.parallel()
@@ -73,5 +76,6 @@ def run_case(vc: VerifyConfig, breakage: str | None = None) -> CaseResult | None
     if opt_step:
         torch.optim.AdamW(ref.parameters(), lr=1e-2, weight_decay=0.1).step()
         checks += [_check(f"param/{n}", params[n], p, tol) for n, p in ref_params.items()]
-    return CaseResult(asdict(vc), checks, comm_layer0, ops0, edges, [s[0] for s in sizes], [s[1] for s in sizes],
-                      breakage)
+    return CaseResult(
+        asdict(vc), checks, comm_layer0, ops0, edges, [s[0] for s in sizes], [s[1] for s in sizes], breakage
+    )

@@ -1,4 +1,5 @@
 """Run verification cases in a spawned rank group (gloo on CPU, NCCL on CUDA) and format their results."""
+
 from __future__ import annotations
 
 import json
@@ -42,15 +43,19 @@ def run_cases(cases: list[tuple[VerifyConfig, str | None]], world: int, device: 
 
 def format_result(r: dict) -> str:
     c = r["case"]
-    head = (f"scheme={c['scheme']} degree={c['degree']} dp={c['dp']} tp={c['tp']} variant={c['sp_variant']} "
-            f"recompute={c['recompute']} dtype={c['dtype']} S={c['seq_len']} B={c['batch']} "
-            f"n_heads={c['model']['n_heads']} n_kv_heads={c['model']['n_kv_heads']}")
+    head = (
+        f"scheme={c['scheme']} degree={c['degree']} dp={c['dp']} tp={c['tp']} variant={c['sp_variant']} "
+        f"recompute={c['recompute']} dtype={c['dtype']} S={c['seq_len']} B={c['batch']} "
+        f"n_heads={c['model']['n_heads']} n_kv_heads={c['model']['n_kv_heads']}"
+    )
     lines = [head, f"{'tensor':44s} {'max_abs':>11s} {'max_rel':>11s} {'tol':>8s}"]
     for t in r["checks"]:
         flag = "ok" if t["ok"] else "MISMATCH"
         lines.append(f"{t['name']:44s} {t['max_abs']:11.3e} {t['max_rel']:11.3e} {t['tol']:8.0e}  {flag}")
     n_bad = sum(not t["ok"] for t in r["checks"])
-    lines.append(f"{'PASS' if r['ok'] else 'FAIL'}: {len(r['checks']) - n_bad}/{len(r['checks'])} tensors "
-                 f"within tolerance; param bytes per rank {r['param_bytes']}"
-                 + (f"; KV-cache bytes per rank {r['kv_cache_bytes']}" if r.get("kv_cache_bytes") else ""))
+    lines.append(
+        f"{'PASS' if r['ok'] else 'FAIL'}: {len(r['checks']) - n_bad}/{len(r['checks'])} tensors "
+        f"within tolerance; param bytes per rank {r['param_bytes']}"
+        + (f"; KV-cache bytes per rank {r['kv_cache_bytes']}" if r.get("kv_cache_bytes") else "")
+    )
     return "\n".join(lines)

@@ -9,6 +9,7 @@ tspbench.verify.parity (a KV cache only changes the order of the same sums). Als
 bytes (the group's sum must equal the reference cache: nothing duplicated, nothing missing) and the
 collectives of layer 0 in one decode step.
 """
+
 from __future__ import annotations
 
 import torch
@@ -16,7 +17,9 @@ import torch.distributed as dist
 
 from tspbench.config import DTYPES
 from tspbench.model import build_model, synthetic_batch
-from tspbench.verify.case import TOL, CaseResult, VerifyConfig, breakage as _breakage, check_tensor as _check
+from tspbench.verify.case import TOL, CaseResult, VerifyConfig
+from tspbench.verify.case import breakage as _breakage
+from tspbench.verify.case import check_tensor as _check
 
 
 def run_decode_case(vc: VerifyConfig, breakage: str | None = None) -> CaseResult | None:
@@ -34,11 +37,11 @@ def run_decode_case(vc: VerifyConfig, breakage: str | None = None) -> CaseResult
         pm = apply_scheme(vc.model, par, ApplyArgs(build_mesh(par, device.type), s, vc.seed, dtype, device, log))
         pm.start_kv_cache(n)
         tok, _, pos = pm.local_batch(tokens[:, :s], tokens[:, :s])
-        prefill = _replicas(pm, pm.full_logits(pm(tok, pos)))                       # [dp·B, S, V]
+        prefill = _replicas(pm, pm.full_logits(pm(tok, pos)))  # [dp·B, S, V]
         steps = []
         for t in range(s, s + n):
             log.clear()
-            steps.append(_replicas(pm, pm.full_decode_logits(pm.decode(tokens[:, t:t + 1], t))))
+            steps.append(_replicas(pm, pm.full_decode_logits(pm.decode(tokens[:, t : t + 1], t))))
         comm0 = log.summary("layer0")
         ops0 = [(r.op, r.phase, r.numel, r.recv_numel) for r in log.records if r.tag == "layer0"]
     sizes = [None] * dist.get_world_size()
@@ -48,12 +51,22 @@ def run_decode_case(vc: VerifyConfig, breakage: str | None = None) -> CaseResult
 
     ref = build_model(vc.model, vc.seed, dtype, device)
     with torch.no_grad():
-        ref_logits = ref(tokens)                                                      # [dp·B, S + n, V]
+        ref_logits = ref(tokens)  # [dp·B, S + n, V]
     checks = [_check("prefill_logits", prefill, ref_logits[:, :s], tol)]
-    checks += [_check(f"decode_logits/pos{t}", got[:, 0], ref_logits[:, t], tol)
-               for t, got in zip(range(s, s + n), steps)]
-    return CaseResult(vc.__dict__ | {"model": vc.model.__dict__}, checks, comm0, ops0, {},
-                      [x[0] for x in sizes], [], breakage, [x[1] for x in sizes])
+    checks += [
+        _check(f"decode_logits/pos{t}", got[:, 0], ref_logits[:, t], tol) for t, got in zip(range(s, s + n), steps)
+    ]
+    return CaseResult(
+        vc.__dict__ | {"model": vc.model.__dict__},
+        checks,
+        comm0,
+        ops0,
+        {},
+        [x[0] for x in sizes],
+        [],
+        breakage,
+        [x[1] for x in sizes],
+    )
 
 
 def _replicas(pm, logits: torch.Tensor) -> torch.Tensor:

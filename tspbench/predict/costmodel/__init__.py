@@ -10,9 +10,10 @@
 Nothing here is fitted to the paper (docs/method.md#memory, #communication, #collective-cost). The package
 re-exports every public name, so `from tspbench.predict.costmodel import memory_breakdown` works.
 """
-from tspbench.predict.costmodel.comm import *  # noqa: F401,F403
-from tspbench.predict.costmodel.flops import *  # noqa: F401,F403
-from tspbench.predict.costmodel.hardware import *  # noqa: F401,F403
-from tspbench.predict.costmodel.memory import *  # noqa: F401,F403
-from tspbench.predict.costmodel.params import *  # noqa: F401,F403
-from tspbench.predict.costmodel.time import *  # noqa: F401,F403
+
+from tspbench.predict.costmodel.comm import *  # noqa: F403
+from tspbench.predict.costmodel.flops import *  # noqa: F403
+from tspbench.predict.costmodel.hardware import *  # noqa: F403
+from tspbench.predict.costmodel.memory import *  # noqa: F403
+from tspbench.predict.costmodel.params import *  # noqa: F403
+from tspbench.predict.costmodel.time import *  # noqa: F403

@@ -4,6 +4,7 @@ embedding and LM head, in the per-step gradient sync, and the TSP/TP crossover (
 Imports only the parameter layer (params.py); the tests bind each formula to the
 collectives the scheme code issues (tests/test_accounting.py, tests/test_decode.py).
 """
+
 from __future__ import annotations
 
 import math
@@ -13,8 +14,15 @@ from tspbench.predict.costmodel.params import layer_weight_params, layout, repli
 
 
 # ---------------------------------------------------------------------------------------------- comm
-def comm_per_layer(model: ModelConfig, par: ParallelConfig, seq_len: int, batch: int, *,
-                   mode: str = "forward", regather_kv: bool = False) -> dict:
+def comm_per_layer(
+    model: ModelConfig,
+    par: ParallelConfig,
+    seq_len: int,
+    batch: int,
+    *,
+    mode: str = "forward",
+    regather_kv: bool = False,
+) -> dict:
     """Elements received per device per layer, by kind (docs/method.md#communication), plus per-step `grad_sync`.
 
     Forward (bandwidth-optimal collectives, N = B·S):
@@ -26,9 +34,10 @@ def comm_per_layer(model: ModelConfig, par: ParallelConfig, seq_len: int, batch:
     Backward, no recompute: TP repeats its all-reduces; SP/TP×SP reduce-scatter dK/dV (= kv); TSP re-sends
     the weights (W) and reduces the weight gradients to their owners (W) and reduce-scatters dK/dV (K), so
     TSP is 3W + 2K forward + backward. `regather_kv=True` adds one K/V all-gather to the backward of
-    sp/tp_sp/tsp (docs/method.md#choice-backward default; the 3W + 2K of docs/method.md#communication keeps K/V instead). Full recompute adds one more forward.
-    `grad_sync` is per step, not per layer: the all-reduce over the group of gradients that ranks holding
-    different tokens compute for the same weights (ring all-reduce: 2·n·(p−1)/p received).
+    sp/tp_sp/tsp (docs/method.md#choice-backward default; the 3W + 2K of docs/method.md#communication keeps K/V
+    instead). Full recompute adds one more forward. `grad_sync` is per step, not per layer: the all-reduce over the
+    group of gradients that ranks holding different tokens compute for the same weights (ring all-reduce:
+    2·n·(p−1)/p received).
     """
     lay, h, g, n = layout(par), model.dim, model.gqa_ratio, batch * seq_len
     zero = {"weights": 0.0, "kv": 0.0, "activations": 0.0}
@@ -45,20 +54,26 @@ def comm_per_layer(model: ModelConfig, par: ParallelConfig, seq_len: int, batch:
 
     bwd = dict(zero)
     if mode == "train":
-        bwd["activations"] = fwd["activations"]                 # TP: all-reduces (or AG/RS) mirrored
-        bwd["kv"] = fwd["kv"] * (2 if regather_kv else 1)       # dK/dV reduce-scatter (+ re-gather)
-        bwd["weights"] = 2 * fwd["weights"]                     # TSP: weight re-send + weight-grad reduce
+        bwd["activations"] = fwd["activations"]  # TP: all-reduces (or AG/RS) mirrored
+        bwd["kv"] = fwd["kv"] * (2 if regather_kv else 1)  # dK/dV reduce-scatter (+ re-gather)
+        bwd["weights"] = 2 * fwd["weights"]  # TSP: weight re-send + weight-grad reduce
         if par.recompute == "full":
-            bwd = {key: bwd[key] + fwd[key] for key in bwd}     # one more forward's worth
+            bwd = {key: bwd[key] + fwd[key] for key in bwd}  # one more forward's worth
     elif mode != "forward":
         raise ValueError(f"mode={mode!r} is unknown; allowed: train, forward")
 
-    return {"fwd": fwd, "bwd": bwd, "fwd_total": sum(fwd.values()), "bwd_total": sum(bwd.values()),
-            "grad_sync": grad_sync_elems(model, par) if mode == "train" else 0.0}
+    return {
+        "fwd": fwd,
+        "bwd": bwd,
+        "fwd_total": sum(fwd.values()),
+        "bwd_total": sum(bwd.values()),
+        "grad_sync": grad_sync_elems(model, par) if mode == "train" else 0.0,
+    }
 
 
-def comm_embed_head(model: ModelConfig, par: ParallelConfig, seq_len: int, batch: int, *,
-                    mode: str = "forward") -> dict[str, dict[str, float]]:
+def comm_embed_head(
+    model: ModelConfig, par: ParallelConfig, seq_len: int, batch: int, *, mode: str = "forward"
+) -> dict[str, dict[str, float]]:
     """Elements received per device per step by the vocabulary-parallel embedding ("embed") and LM head +
     cross-entropy ("head"), forward and backward (tspbench/schemes/vocab.py); zero where the vocabulary is
     replicated (sp, tsp, tp_sp with T = 1). With T the tensor degree, N = B·S tokens, n = N/Σ local tokens:
@@ -77,9 +92,11 @@ def comm_embed_head(model: ModelConfig, par: ParallelConfig, seq_len: int, batch
     if t <= 1:
         return out
     f = (t - 1) / t
-    if par.vocab == "ring":   # tsp: V·h/D per hop; embed D−1 weight hops + D−1 gradient hops, head 1 + 2 rings
-        out = {"embed": {"fwd": model.vocab_size * h * f, "bwd": model.vocab_size * h * f},
-               "head": {"fwd": model.vocab_size * h * f, "bwd": 2 * model.vocab_size * h * f}}
+    if par.vocab == "ring":  # tsp: V·h/D per hop; embed D−1 weight hops + D−1 gradient hops, head 1 + 2 rings
+        out = {
+            "embed": {"fwd": model.vocab_size * h * f, "bwd": model.vocab_size * h * f},
+            "head": {"fwd": model.vocab_size * h * f, "bwd": 2 * model.vocab_size * h * f},
+        }
         return out if mode == "train" else {k: {"fwd": v["fwd"], "bwd": 0.0} for k, v in out.items()}
     n = batch * seq_len / layout(par).sp
     if par.scheme == "tp_msp":
@@ -111,6 +128,7 @@ def comm_decode_per_layer(model: ModelConfig, par: ParallelConfig, batch: int) -
 
     def f(p: int) -> float:
         return (p - 1) / p
+
     if s in ("tp", "tp_msp"):
         return 4 * b * h * f(lay.tp)
     if s == "sp":
@@ -136,7 +154,7 @@ def grad_sync_group(model: ModelConfig, par: ParallelConfig, layers: int | None 
         return n_layers * layer_weight_params(model) / lay.tp + replicated_params(model, layers, par), lay.sp
     if s == "tsp":
         return replicated_params(model, layers), par.degree
-    if s == "tp_msp":       # the norms run on each rank's own S/T tokens (a vocabulary-parallel embedding and
+    if s == "tp_msp":  # the norms run on each rank's own S/T tokens (a vocabulary-parallel embedding and
         # head see all of them; replicated ones see the rank's S/T tokens too)
         if par.vocab_degree == 1:
             return replicated_params(model, layers, par), par.degree
@@ -155,7 +173,8 @@ def crossover_tokens(model: ModelConfig, degree: int, mode: str = "forward") -> 
 
     Forward: W·(D−1)/D + 2N(h/g)(D−1)/D ≤ 4Nh(D−1)/D  ⇔  N ≥ W / (h·(4 − 2/g));
         W = (2 + 2/g)h² + 3·ffn·h, so g = 1, ffn = 4h gives N ≥ 16h²/2h = 8h.
-    Train (no recompute, K/V kept from the forward): 3W + 2K ≤ 8Nh  ⇔  N ≥ 3W / (h·(8 − 4/g)), i.e. 12h for g = 1, ffn = 4h.
+    Train (no recompute, K/V kept from the forward): 3W + 2K ≤ 8Nh  ⇔  N ≥ 3W / (h·(8 − 4/g)),
+        i.e. 12h for g = 1, ffn = 4h.
     (D−1)/D cancels, so `degree` only matters through degree ≥ 2.
     """
     if degree < 2:

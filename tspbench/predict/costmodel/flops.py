@@ -12,6 +12,7 @@ token's forward against seq_len cached tokens, whose attention covers all of the
 Hardware FLOPs add what recompute re-executes: with recompute=full every block's forward runs again in
 backward (the LM head is not checkpointed), counted with c = ½ since causal kernels skip masked tiles.
 """
+
 from __future__ import annotations
 
 from tspbench.config import ModelConfig
@@ -20,9 +21,16 @@ from tspbench.predict.costmodel.params import layer_weight_params
 MODES = ("train", "forward", "decode")
 
 
-def flops_per_token(model: ModelConfig, seq_len: int, *, mode: str = "train", causal_halved: bool = True,
-                    layers: int | None = None, include_lm_head: bool | None = None,
-                    recompute: bool = False) -> float:
+def flops_per_token(
+    model: ModelConfig,
+    seq_len: int,
+    *,
+    mode: str = "train",
+    causal_halved: bool = True,
+    layers: int | None = None,
+    include_lm_head: bool | None = None,
+    recompute: bool = False,
+) -> float:
     """Model FLOPs per token (module docstring). `layers`: a k-block benchmark (no LM head unless
     `include_lm_head`); `recompute`: one more forward in training (×4 instead of ×3, LM head included; the
     time model's convention for HFU of the blocks)."""

@@ -1,5 +1,6 @@
 """Hardware profiles: one accelerator and its node, read from conf/hardware/<name>.yaml (every number with
 its source in the yaml; efficiencies and latencies are stated assumptions, not fits)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
@@ -67,7 +68,17 @@ def load_hardware(name: str, conf_dir: str | Path | None = None) -> HardwareProf
     unknown = set(data) - allowed
     if unknown:
         raise ValueError(f"{path}: unknown keys {sorted(unknown)}; allowed: {sorted(allowed)}")
-    for key in ("peak_flops_bf16", "peak_flops_fp32", "mem_bytes", "mem_bw", "intra_node_bw", "inter_node_bw",
-                "intra_node_latency_s", "inter_node_latency_s", "matmul_efficiency", "comm_efficiency"):
-        data[key] = float(data[key])           # YAML 1.1 reads "1e12" (no sign, no dot) as a string
+    for key in (
+        "peak_flops_bf16",
+        "peak_flops_fp32",
+        "mem_bytes",
+        "mem_bw",
+        "intra_node_bw",
+        "inter_node_bw",
+        "intra_node_latency_s",
+        "inter_node_latency_s",
+        "matmul_efficiency",
+        "comm_efficiency",
+    ):
+        data[key] = float(data[key])  # YAML 1.1 reads "1e12" (no sign, no dot) as a string
     return HardwareProfile(**data)

@@ -16,14 +16,20 @@ keeps only the two norms, the attention and MLP inputs and the packed attention 
 keeps each block's input (h·b per residual token) and rebuilds one block in backward. Korthikanti et al.'s
 34·s·b·h (GeLU MLP, dropout, no fp32 norm copies) does not describe this code.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from tspbench.config import ModelConfig, ParallelConfig
 from tspbench.predict.costmodel.comm import grad_sync_group
-from tspbench.predict.costmodel.params import (BYTES, layer_weight_params, layout, params_per_device,
-                                               state_bytes_per_param)
+from tspbench.predict.costmodel.params import (
+    BYTES,
+    layer_weight_params,
+    layout,
+    params_per_device,
+    state_bytes_per_param,
+)
 
 MEMORY_KEYS = ("params", "grads", "optimizer", "activations", "temporaries", "comm_buffers", "kv_cache")
 
@@ -37,14 +43,14 @@ MEMORY_KEYS = ("params", "grads", "optimizer", "activations", "temporaries", "co
 class Geometry:
     """What one rank of a scheme runs on (tokens and head/channel split), as in tspbench.schemes."""
 
-    n_res: float      # tokens of the residual stream: norms, residual adds, block inputs
-    n_gemm: float     # tokens entering the attention / MLP GEMMs (tp_msp all-gathers them to B·S)
-    n_loss: float     # tokens through the LM head and loss (the final norm runs on n_res)
-    t: int            # head / channel split of the block weights (tsp: handled whole-layer, see below)
+    n_res: float  # tokens of the residual stream: norms, residual adds, block inputs
+    n_gemm: float  # tokens entering the attention / MLP GEMMs (tp_msp all-gathers them to B·S)
+    n_loss: float  # tokens through the LM head and loss (the final norm runs on n_res)
+    t: int  # head / channel split of the block weights (tsp: handled whole-layer, see below)
     kv_tokens: float  # tokens of the K/V a rank attends with after the exchange (0: its own, no exchange)
-    chunked: bool     # attention via layout.attend_shard: per-chunk SDPA + cat, so W_O saves a flattened copy
+    chunked: bool  # attention via layout.attend_shard: per-chunk SDPA + cat, so W_O saves a flattened copy
     gathered_inputs: bool  # the GEMM inputs are all-gather outputs (tp_msp): communication buffers
-    batch: int = 1    # micro-batch B (tp_msp with B > 1: see `gemm_input_copies`)
+    batch: int = 1  # micro-batch B (tp_msp with B > 1: see `gemm_input_copies`)
 
     def gemm_input_copies(self, n_proj: int) -> int:
         """Copies of a GEMM input the projections save. tp_msp with B > 1: the all-gather runs on [S, B, h]
@@ -59,7 +65,7 @@ def geometry(par: ParallelConfig, seq_len: int, batch: int) -> Geometry:
         return Geometry(n, n, n, 1, 0, False, False, batch)
     if s == "tp":
         return Geometry(n, n, n, d, 0, False, False, batch)
-    if s == "tp_msp":   # the vocabulary-parallel head gathers the sequence; a replicated one runs on S/T tokens
+    if s == "tp_msp":  # the vocabulary-parallel head gathers the sequence; a replicated one runs on S/T tokens
         return Geometry(n / d, n, n if par.vocab_degree > 1 else n / d, d, 0, False, True, batch)
     if s == "sp":
         return Geometry(n / d, n / d, n / d, 1, n, True, False, batch)
@@ -77,8 +83,9 @@ def norm_saved_per_token(model: ModelConfig, b: int) -> float:
     return 4 * model.dim + b * model.dim + 4
 
 
-def attention_saved_bytes(model: ModelConfig, par: ParallelConfig, seq_len: int, batch: int,
-                          dtype: str = "bfloat16") -> float:
+def attention_saved_bytes(
+    model: ModelConfig, par: ParallelConfig, seq_len: int, batch: int, dtype: str = "bfloat16"
+) -> float:
     """Attention sub-block, bytes saved for backward per layer (attention norm excluded).
 
     Non-TSP schemes: the projections' input (h), Q after RoPE (h/T), K after RoPE and V (2h/(gT) per token,
@@ -93,13 +100,19 @@ def attention_saved_bytes(model: ModelConfig, par: ParallelConfig, seq_len: int,
         return geo.n_gemm * h * b + attn_w * b
     na, t = geo.n_gemm, geo.t
     kv_tok = geo.kv_tokens or na
-    return (geo.gemm_input_copies(3) * na * h * b + na * h / t * b + 2 * kv_tok * h / (g * t) * b
-            + na * h / t * b * (2 if geo.chunked else 1) + na * model.n_heads / t * 4
-            + na / geo.batch * model.head_dim * b)                    # cos/sin: per position, not per sequence
+    return (
+        geo.gemm_input_copies(3) * na * h * b
+        + na * h / t * b
+        + 2 * kv_tok * h / (g * t) * b
+        + na * h / t * b * (2 if geo.chunked else 1)
+        + na * model.n_heads / t * 4
+        + na / geo.batch * model.head_dim * b
+    )  # cos/sin: per position, not per sequence
 
 
-def mlp_saved_bytes(model: ModelConfig, par: ParallelConfig, seq_len: int, batch: int,
-                    dtype: str = "bfloat16") -> float:
+def mlp_saved_bytes(
+    model: ModelConfig, par: ParallelConfig, seq_len: int, batch: int, dtype: str = "bfloat16"
+) -> float:
     """MLP sub-block: its input (h) and gate, silu(gate), up, product (4·ffn/T) per token; TSP's ring
     keeps only its input (each shard's intermediate is recomputed in backward)."""
     geo, b, h = geometry(par, seq_len, batch), BYTES[dtype], model.dim
@@ -108,12 +121,16 @@ def mlp_saved_bytes(model: ModelConfig, par: ParallelConfig, seq_len: int, batch
     return geo.gemm_input_copies(2) * geo.n_gemm * h * b + 4 * geo.n_gemm * model.ffn_hidden / geo.t * b
 
 
-def layer_activation_bytes(model: ModelConfig, par: ParallelConfig, seq_len: int, batch: int,
-                           dtype: str = "bfloat16") -> float:
+def layer_activation_bytes(
+    model: ModelConfig, par: ParallelConfig, seq_len: int, batch: int, dtype: str = "bfloat16"
+) -> float:
     """Everything one block saves for backward on one rank, without recompute: two norms, attention, MLP."""
     geo, b = geometry(par, seq_len, batch), BYTES[dtype]
-    return (2 * geo.n_res * norm_saved_per_token(model, b) + attention_saved_bytes(model, par, seq_len, batch, dtype)
-            + mlp_saved_bytes(model, par, seq_len, batch, dtype))
+    return (
+        2 * geo.n_res * norm_saved_per_token(model, b)
+        + attention_saved_bytes(model, par, seq_len, batch, dtype)
+        + mlp_saved_bytes(model, par, seq_len, batch, dtype)
+    )
 
 
 def _gathered_saved_bytes(model: ModelConfig, par: ParallelConfig, seq_len: int, batch: int, b: int) -> float:
@@ -122,8 +139,9 @@ def _gathered_saved_bytes(model: ModelConfig, par: ParallelConfig, seq_len: int,
     return 2 * geo.n_gemm * model.dim * b if geo.gathered_inputs and geo.batch == 1 else 0.0
 
 
-def layer_backward_working_set(model: ModelConfig, par: ParallelConfig, seq_len: int, batch: int,
-                               dtype: str = "bfloat16") -> dict[str, float]:
+def layer_backward_working_set(
+    model: ModelConfig, par: ParallelConfig, seq_len: int, batch: int, dtype: str = "bfloat16"
+) -> dict[str, float]:
     """The largest moment of one block's backward, beyond the stored state (read off the code's backward):
 
     mlp   during the MLP backward, with the whole layer's saved tensors alive. Non-TSP: the incoming
@@ -149,33 +167,38 @@ def layer_backward_working_set(model: ModelConfig, par: ParallelConfig, seq_len:
     else:
         ffn_a = geo.n_gemm * ffn / geo.t * b
         d_out = geo.n_gemm * h * b
-        copies = geo.gemm_input_copies(2)                      # tp_msp, B > 1: + a contiguous copy of dY
-        after_down = copies * d_out + ffn_a + ffn / geo.t * h * b   # dY, d(gate·up), dW_down
-        after_mul = 2 * ffn_a                                  # d(silu(gate)), d(up)
+        copies = geo.gemm_input_copies(2)  # tp_msp, B > 1: + a contiguous copy of dY
+        after_down = copies * d_out + ffn_a + ffn / geo.t * h * b  # dY, d(gate·up), dW_down
+        after_mul = 2 * ffn_a  # d(silu(gate)), d(up)
         mlp = max(after_down, after_mul) + copies * res_grad
         # tp_msp: dY is the all-gather of the output gradient (B = 1: the residual gradient is its reduce-scatter)
         mlp_comm = 0.0
         if geo.gathered_inputs and after_down >= after_mul:
             mlp_comm = d_out + (res_grad if copies == 1 else 0.0)
-    return {"mlp": mlp, "mlp_saved": layer, "mlp_comm": mlp_comm,
-            "norm": geo.n_res * (6 * 4 * h + h * b), "norm_saved": geo.n_res * norm_tok + attn, "norm_comm": 0.0}
+    return {
+        "mlp": mlp,
+        "mlp_saved": layer,
+        "mlp_comm": mlp_comm,
+        "norm": geo.n_res * (6 * 4 * h + h * b),
+        "norm_saved": geo.n_res * norm_tok + attn,
+        "norm_comm": 0.0,
+    }
 
 
-def head_saved_bytes(model: ModelConfig, par: ParallelConfig, seq_len: int, batch: int,
-                     dtype: str = "bfloat16") -> float:
+def head_saved_bytes(
+    model: ModelConfig, par: ParallelConfig, seq_len: int, batch: int, dtype: str = "bfloat16"
+) -> float:
     """Final norm (on the residual tokens), the LM-head input and the cross-entropy's fp32 [tokens, V/vocab_div]
     buffer: log-softmax (F.cross_entropy, replicated head) or softmax (vocabulary-parallel, which also saves
     each token's int64 id within the slice and a bool mask)."""
     geo, b, vd = geometry(par, seq_len, batch), BYTES[dtype], layout(par).vocab_div
-    if par.vocab == "ring":   # TSP's ring cross-entropy keeps the head input and an fp32 log-sum-exp only
+    if par.vocab == "ring":  # TSP's ring cross-entropy keeps the head input and an fp32 log-sum-exp only
         return geo.n_res * norm_saved_per_token(model, b) + geo.n_loss * (model.dim * b + 4)
     ids = 9 if vd > 1 else 0
-    return (geo.n_res * norm_saved_per_token(model, b)
-            + geo.n_loss * (model.dim * b + model.vocab_size / vd * 4 + ids))
+    return geo.n_res * norm_saved_per_token(model, b) + geo.n_loss * (model.dim * b + model.vocab_size / vd * 4 + ids)
 
 
-def kv_cache_bytes(model: ModelConfig, par: ParallelConfig, seq_len: int, batch: int,
-                   dtype: str = "bfloat16") -> float:
+def kv_cache_bytes(model: ModelConfig, par: ParallelConfig, seq_len: int, batch: int, dtype: str = "bfloat16") -> float:
     """One rank's KV cache for seq_len tokens (schemes/decode.py): K and V of every layer, 2·L·B·S·(h/g)·b
     per replica, split by heads over T (tp, tp_msp, tp_sp) and by tokens over Σ or D (sp, tp_sp, tsp), i.e.
     ÷ degree in every scheme (tsp: every head of its own 1/D of the tokens)."""
@@ -187,8 +210,11 @@ def kv_cache_bytes(model: ModelConfig, par: ParallelConfig, seq_len: int, batch:
 def largest_param_elems(model: ModelConfig, par: ParallelConfig) -> float:
     """The biggest single parameter a rank holds (its optimizer update's transient is per parameter)."""
     lay = layout(par)
-    return max(model.vocab_size * model.dim / lay.vocab_div, model.ffn_hidden * model.dim / lay.weight_div,
-               model.n_heads * model.head_dim * model.dim / lay.weight_div)
+    return max(
+        model.vocab_size * model.dim / lay.vocab_div,
+        model.ffn_hidden * model.dim / lay.weight_div,
+        model.n_heads * model.head_dim * model.dim / lay.weight_div,
+    )
 
 
 def grad_sync_bucket_elems(model: ModelConfig, par: ParallelConfig) -> float:
@@ -205,9 +231,19 @@ def grad_sync_bucket_elems(model: ModelConfig, par: ParallelConfig) -> float:
     return n
 
 
-def memory_phases(model: ModelConfig, par: ParallelConfig, seq_len: int, batch: int, *, mode: str = "train",
-                  dtype: str = "bfloat16", optimizer: str = "adamw", master_fp32: bool = True,
-                  grad_dtype: str | None = None, kv_cache: bool = True) -> dict[str, dict[str, float]]:
+def memory_phases(
+    model: ModelConfig,
+    par: ParallelConfig,
+    seq_len: int,
+    batch: int,
+    *,
+    mode: str = "train",
+    dtype: str = "bfloat16",
+    optimizer: str = "adamw",
+    master_fp32: bool = True,
+    grad_dtype: str | None = None,
+    kv_cache: bool = True,
+) -> dict[str, dict[str, float]]:
     """Bytes per device at each phase's peak of one training step (or forward), by category.
 
     Train. The optimizer state exists throughout (steady state); gradients start as None (zero_grad with
@@ -242,25 +278,29 @@ def memory_phases(model: ModelConfig, par: ParallelConfig, seq_len: int, batch: 
     lay = layout(par)
     vd, v_loc = lay.vocab_div, model.vocab_size / lay.vocab_div
     if mode == "forward":
-        if vd > 1:   # logits [tokens, V/T] + the cross-entropy's shifted fp32 copy (exp, softmax in place),
+        if vd > 1:  # logits [tokens, V/T] + the cross-entropy's shifted fp32 copy (exp, softmax in place),
             # or, tp_msp, the all-gathered head input while the logits are computed
             gathered = geo.n_loss * h * b if geo.n_loss > geo.n_res else 0.0
             logits = max(geo.n_loss * v_loc * (b + 4), gathered + geo.n_loss * v_loc * b)
-        else:        # logits + their fp32 copy + log-softmax
+        else:  # logits + their fp32 copy + log-softmax
             logits = geo.n_loss * model.vocab_size * (b + (4 if b < 4 else 0) + 4)
         ffn_a = geo.n_gemm * model.ffn_hidden / geo.t * b
         if par.scheme == "tsp":
             ffn_a = geo.n_gemm * model.ffn_hidden / par.degree * b
-        layer = max(geo.n_res * (h * b + 3 * 4 * h),                            # RMSNorm in fp32
-                    geo.n_res * h * b + geo.n_gemm * h * b + 3 * ffn_a,          # SwiGLU: silu(gate), up, product
-                    geo.n_res * h * b + 2 * 2 * (geo.kv_tokens or geo.n_gemm) * h / (model.gqa_ratio * geo.t) * b)
+        layer = max(
+            geo.n_res * (h * b + 3 * 4 * h),  # RMSNorm in fp32
+            geo.n_res * h * b + geo.n_gemm * h * b + 3 * ffn_a,  # SwiGLU: silu(gate), up, product
+            geo.n_res * h * b + 2 * 2 * (geo.kv_tokens or geo.n_gemm) * h / (model.gqa_ratio * geo.t) * b,
+        )
         kv = kv_cache_bytes(model, par, seq_len, batch, dtype) if kv_cache else 0.0
-        return {"head": phase(temporaries=logits + geo.n_res * h * b, kv_cache=kv),
-                "layer": phase(temporaries=layer, kv_cache=kv)}
+        return {
+            "head": phase(temporaries=logits + geo.n_res * h * b, kv_cache=kv),
+            "layer": phase(temporaries=layer, kv_cache=kv),
+        }
 
     layer_saved = layer_activation_bytes(model, par, seq_len, batch, dtype)
     block_in = geo.n_res * h * b
-    stored = block_in if par.recompute == "full" else layer_saved        # per layer, at the end of forward
+    stored = block_in if par.recompute == "full" else layer_saved  # per layer, at the end of forward
     head = head_saved_bytes(model, par, seq_len, batch, dtype)
     g_layer = (layer_weight_params(model) / lay.weight_div + 2 * h) * bg
     g_mlp = 3 * model.ffn_hidden * h / lay.weight_div * bg
@@ -272,22 +312,26 @@ def memory_phases(model: ModelConfig, par: ParallelConfig, seq_len: int, batch: 
     # parallel softmax turned into the gradient in place plus its copy in the run dtype; then the final norm's
     # fp32 backward (its saved fp32 input + 5 fp32 temporaries per element) with the head's weight gradient.
     ce_tmp = 2 * geo.n_loss * model.vocab_size * 4 if vd == 1 else geo.n_loss * v_loc * b
-    out = {"backward": max(phase(activations=L * stored + head, temporaries=ce_tmp),
-                           phase(grads=g_head, activations=L * stored + geo.n_res * 4 * h,
-                                 temporaries=5 * 4 * h * geo.n_res), key=lambda p: p["total"])}
+    out = {
+        "backward": max(
+            phase(activations=L * stored + head, temporaries=ce_tmp),
+            phase(grads=g_head, activations=L * stored + geo.n_res * 4 * h, temporaries=5 * 4 * h * geo.n_res),
+            key=lambda p: p["total"],
+        )
+    }
     ws = layer_backward_working_set(model, par, seq_len, batch, dtype)
     for name, n_stored, grads in (("bwd_first", L, g_head), ("bwd_last", 1, g_all - g_embed - g_layer)):
         best = None
         for moment in ("mlp", "norm"):
             saved, extra, comm = ws[f"{moment}_saved"], ws[moment], ws[f"{moment}_comm"]
             g = grads + (g_mlp if moment == "norm" else 0.0)
-            if par.recompute == "full":      # the layer's activations are rebuilt in backward: temporaries
+            if par.recompute == "full":  # the layer's activations are rebuilt in backward: temporaries
                 act = n_stored * stored
                 comm_b = comm + (gath if moment == "mlp" else 0.0)
                 tmp = saved + extra - comm_b
-            else:                            # saved in forward: activations (minus what is already freed)
+            else:  # saved in forward: activations (minus what is already freed)
                 act = (n_stored - 1) * stored + saved
-                if moment == "norm":         # the MLP-norm's saved fp32 input is one of the 6 fp32 copies
+                if moment == "norm":  # the MLP-norm's saved fp32 input is one of the 6 fp32 copies
                     act += 4 * h * geo.n_res
                     extra -= 4 * h * geo.n_res
                 comm_b, tmp = comm, extra - comm
@@ -295,31 +339,52 @@ def memory_phases(model: ModelConfig, par: ParallelConfig, seq_len: int, batch: 
             if best is None or p["total"] > best["total"]:
                 best = p
         out[name] = best
-    if vd == 1:      # the incoming gradient and the dense embedding gradient
+    if vd == 1:  # the incoming gradient and the dense embedding gradient
         out["embed_bwd"] = phase(grads=g_all - g_embed, temporaries=geo.n_res * h * b + g_embed)
-    else:            # + the masked lookup's gradient; tp_msp's incoming gradient is an all-gather output
-        n_emb = geo.n_loss                              # the embedding sees the head's tokens (tp_msp: all)
+    else:  # + the masked lookup's gradient; tp_msp's incoming gradient is an all-gather output
+        n_emb = geo.n_loss  # the embedding sees the head's tokens (tp_msp: all)
         gathered = n_emb * h * b if geo.n_loss > geo.n_res else 0.0
-        out["embed_bwd"] = phase(grads=g_all - g_embed, temporaries=2 * n_emb * h * b - gathered + g_embed,
-                                 comm_buffers=gathered)
+        out["embed_bwd"] = phase(
+            grads=g_all - g_embed, temporaries=2 * n_emb * h * b - gathered + g_embed, comm_buffers=gathered
+        )
     out["grad_sync"] = phase(grads=g_all, comm_buffers=grad_sync_bucket_elems(model, par) * bg)
     big = largest_param_elems(model, par)
-    opt_tmp = big * 4 if (master_fp32 and b < 4 and optimizer == "adamw") else (2 * big * b if optimizer == "adamw"
-                                                                                else 0.0)
+    opt_tmp = (
+        big * 4 if (master_fp32 and b < 4 and optimizer == "adamw") else (2 * big * b if optimizer == "adamw" else 0.0)
+    )
     out["optimizer"] = phase(grads=g_all, temporaries=opt_tmp)
     return out
 
 
-def memory_breakdown(model: ModelConfig, par: ParallelConfig, seq_len: int, batch: int, *,
-                     mode: str = "train", dtype: str = "bfloat16", optimizer: str = "adamw",
-                     master_fp32: bool = True, grad_dtype: str | None = None,
-                     kv_cache: bool = True) -> dict[str, float]:
+def memory_breakdown(
+    model: ModelConfig,
+    par: ParallelConfig,
+    seq_len: int,
+    batch: int,
+    *,
+    mode: str = "train",
+    dtype: str = "bfloat16",
+    optimizer: str = "adamw",
+    master_fp32: bool = True,
+    grad_dtype: str | None = None,
+    kv_cache: bool = True,
+) -> dict[str, float]:
     """Predicted peak bytes per device and its breakdown by category (keys MEMORY_KEYS + total): the phase
     of `memory_phases` with the largest total, i.e. what is live at the step's peak (not the sum of each
     category's own maximum: weight gradients and stored activations, for instance, peak at different
     moments). `peak_phase()` names the phase."""
-    phases = memory_phases(model, par, seq_len, batch, mode=mode, dtype=dtype, optimizer=optimizer,
-                           master_fp32=master_fp32, grad_dtype=grad_dtype, kv_cache=kv_cache)
+    phases = memory_phases(
+        model,
+        par,
+        seq_len,
+        batch,
+        mode=mode,
+        dtype=dtype,
+        optimizer=optimizer,
+        master_fp32=master_fp32,
+        grad_dtype=grad_dtype,
+        kv_cache=kv_cache,
+    )
     best = max(phases.values(), key=lambda p: p["total"])
     return {key: float(best[key]) for key in (*MEMORY_KEYS, "total")}
 
@@ -330,8 +395,9 @@ def peak_phase(model: ModelConfig, par: ParallelConfig, seq_len: int, batch: int
     return max(phases, key=lambda k: phases[k]["total"])
 
 
-def comm_buffer_bytes(model: ModelConfig, par: ParallelConfig, seq_len: int, batch: int,
-                      dtype: str = "bfloat16") -> float:
+def comm_buffer_bytes(
+    model: ModelConfig, par: ParallelConfig, seq_len: int, batch: int, dtype: str = "bfloat16"
+) -> float:
     """Communication buffers live at one layer's backward peak (mlp moment; full recompute)."""
     ws = layer_backward_working_set(model, par, seq_len, batch, dtype)
     return ws["mlp_comm"] + _gathered_saved_bytes(model, par, seq_len, batch, BYTES[dtype])

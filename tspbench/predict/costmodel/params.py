@@ -14,6 +14,7 @@ Model state bytes per parameter k (AdamW): dtype weights + grad_dtype grads + fp
 the weights are 16-bit and master_fp32): bf16 → 2 + 2 + 8 + 4 = 16; with fp32 grads 18 (Megatron). Without
 master_fp32, m and v are in the parameter dtype, as torch's AdamW keeps them (bf16: 2 + 2 + 4 = 8).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -28,13 +29,13 @@ BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
 class Layout:
     """How one scheme divides a replica's work over its `degree` ranks."""
 
-    tp: int          # T: tensor axis (weight/head sharding); D for tsp
-    sp: int          # Σ: sequence axis (token sharding); D for tsp
+    tp: int  # T: tensor axis (weight/head sharding); D for tsp
+    sp: int  # Σ: sequence axis (token sharding); D for tsp
     weight_div: int  # per-layer weights held by a rank = W / weight_div
-    seq_div: int     # token-wise tensors hold B·S / seq_div tokens
-    head_div: int    # head/channel-sharded activations are further ÷ head_div (1 for tsp: a rank does all heads)
-    rep_div: int     # TP-replicated token-wise activations ÷ rep_div (T for Megatron-SP)
-    loss_div: int    # the LM head and loss run on B·S / loss_div tokens per rank
+    seq_div: int  # token-wise tensors hold B·S / seq_div tokens
+    head_div: int  # head/channel-sharded activations are further ÷ head_div (1 for tsp: a rank does all heads)
+    rep_div: int  # TP-replicated token-wise activations ÷ rep_div (T for Megatron-SP)
+    loss_div: int  # the LM head and loss run on B·S / loss_div tokens per rank
     vocab_div: int = 1  # … over V / vocab_div classes (T where the vocabulary is split over the tensor axis)
 
 
@@ -48,7 +49,7 @@ def _layout(par: ParallelConfig) -> Layout:
         return Layout(1, 1, 1, 1, 1, 1, 1)
     if s == "tp":
         return Layout(d, 1, d, 1, d, 1, 1, d)
-    if s == "tp_msp":   # the head gathers the sequence: all B·S tokens over V/T classes
+    if s == "tp_msp":  # the head gathers the sequence: all B·S tokens over V/T classes
         return Layout(d, 1, d, 1, d, d, 1, d)
     if s == "sp":
         return Layout(1, d, 1, d, 1, 1, d)
@@ -64,8 +65,8 @@ def _layout(par: ParallelConfig) -> Layout:
 def layer_weight_params(model: ModelConfig) -> int:
     """W: matmul parameters of one block, (2 + 2/g)·h² + 3·ffn·h (norm weights excluded)."""
     h, d = model.dim, model.head_dim
-    attn = h * model.n_heads * d * 2 + h * model.n_kv_heads * d * 2      # Q, O + K, V
-    return attn + 3 * model.ffn_hidden * h                                # + gate, up, down
+    attn = h * model.n_heads * d * 2 + h * model.n_kv_heads * d * 2  # Q, O + K, V
+    return attn + 3 * model.ffn_hidden * h  # + gate, up, down
 
 
 def non_embedding_params(model: ModelConfig) -> int:
@@ -87,18 +88,23 @@ def params_per_device(model: ModelConfig, par: ParallelConfig, layers: int | Non
     return n_layers * layer_weight_params(model) / layout(par).weight_div + replicated_params(model, layers, par)
 
 
-def state_bytes_per_param(dtype: str = "bfloat16", optimizer: str = "adamw", master_fp32: bool = True,
-                          grad_dtype: str | None = None, mode: str = "train") -> dict[str, int]:
+def state_bytes_per_param(
+    dtype: str = "bfloat16",
+    optimizer: str = "adamw",
+    master_fp32: bool = True,
+    grad_dtype: str | None = None,
+    mode: str = "train",
+) -> dict[str, int]:
     """k split into params / grads / optimizer bytes (16 = 2 + 2 + 12 for bf16 AdamW, 18 with fp32 grads)."""
     if mode == "forward":
         return {"params": BYTES[dtype], "grads": 0, "optimizer": 0}
     if optimizer == "adamw":
         if master_fp32 and BYTES[dtype] < 4:
-            opt = 12                                                 # fp32 master copy + fp32 m, v
+            opt = 12  # fp32 master copy + fp32 m, v
         else:
-            opt = 2 * BYTES[dtype]                                   # torch AdamW: m, v in the parameter dtype
+            opt = 2 * BYTES[dtype]  # torch AdamW: m, v in the parameter dtype
     elif optimizer == "sgd":
-        opt = 0                                                      # plain SGD keeps no state
+        opt = 0  # plain SGD keeps no state
     else:
         raise ValueError(f"optimizer={optimizer!r} is unknown; allowed: adamw, sgd")
     return {"params": BYTES[dtype], "grads": BYTES[grad_dtype or dtype], "optimizer": opt}

@@ -13,6 +13,7 @@ inter-node NIC. The TP axis of tp_sp is the inner (consecutive) axis, so its spa
 Compute is a roofline: FLOPs / (peak · matmul_efficiency). Efficiencies are stated assumptions, not fits.
 Overlap "none" adds compute and communication; "ideal" takes their maximum.
 """
+
 from __future__ import annotations
 
 from tspbench.config import ModelConfig, ParallelConfig
@@ -20,8 +21,14 @@ from tspbench.predict.costmodel.comm import grad_sync_group
 from tspbench.predict.costmodel.flops import flops_per_token
 from tspbench.predict.costmodel.hardware import HardwareProfile, load_hardware  # noqa: F401 (re-exported)
 from tspbench.predict.costmodel.memory import kv_cache_bytes
-from tspbench.predict.costmodel.params import (BYTES, layer_weight_params, layout, params_per_device,
-                                               state_bytes_per_param)
+from tspbench.predict.costmodel.params import (
+    BYTES,
+    layer_weight_params,
+    layout,
+    params_per_device,
+    state_bytes_per_param,
+)
+
 
 # ---------------------------------------------------------------------------------------------- α–β
 def collective_time_s(op: str, p: int, n_bytes: float, bw: float, alpha_s: float) -> float:
@@ -43,13 +50,26 @@ def received_elems(op: str, p: int, n: float) -> float:
     """Elements one rank receives (on average over ranks) in one collective of an n-element tensor."""
     if p <= 1:
         return 0.0
-    factor = {"allgather": (p - 1) / p, "reduce_scatter": (p - 1) / p, "allreduce": 2 * (p - 1) / p,
-              "broadcast": (p - 1) / p, "reduce": (p - 1) / p, "p2p": 1.0}[op]
+    factor = {
+        "allgather": (p - 1) / p,
+        "reduce_scatter": (p - 1) / p,
+        "allreduce": 2 * (p - 1) / p,
+        "broadcast": (p - 1) / p,
+        "reduce": (p - 1) / p,
+        "p2p": 1.0,
+    }[op]
     return factor * n
 
 
-def layer_collectives(model: ModelConfig, par: ParallelConfig, seq_len: int, batch: int, *,
-                      mode: str = "forward", regather_kv: bool = False) -> list[tuple[str, int, float, int, int]]:
+def layer_collectives(
+    model: ModelConfig,
+    par: ParallelConfig,
+    seq_len: int,
+    batch: int,
+    *,
+    mode: str = "forward",
+    regather_kv: bool = False,
+) -> list[tuple[str, int, float, int, int]]:
     """The collectives of one layer: (op, group size p, tensor elements n, span in ranks, count).
 
     Forward as in docs/method.md#tsp and #communication; backward mirrors comm_per_layer (same received volume).
@@ -65,7 +85,7 @@ def layer_collectives(model: ModelConfig, par: ParallelConfig, seq_len: int, bat
         fwd += [("allgather", t, n * h, t, 2), ("reduce_scatter", t, n * h, t, 2)]
         bwd += fwd
     elif s in ("sp", "tp_sp"):
-        kv = ("allgather", sig, 2 * n * h / (g * t), t * sig, 1)          # K and V packed
+        kv = ("allgather", sig, 2 * n * h / (g * t), t * sig, 1)  # K and V packed
         if t > 1:
             fwd += [("allreduce", t, n / sig * h, t, 2)]
         fwd += [kv]
@@ -74,11 +94,15 @@ def layer_collectives(model: ModelConfig, par: ParallelConfig, seq_len: int, bat
     elif s == "tsp":
         d = par.degree
         attn_shard = layer_weight_params(model) - 3 * model.ffn_hidden * h
-        kv = ("allgather", d, 2 * n * (h / g) / d, d, d)                  # one owner's heads, whole sequence
+        kv = ("allgather", d, 2 * n * (h / g) / d, d, d)  # one owner's heads, whole sequence
         fwd += [("broadcast", d, attn_shard / d, d, d), ("p2p", 2, 3 * model.ffn_hidden * h / d, d, d - 1), kv]
-        bwd += [("broadcast", d, attn_shard / d, d, d), ("p2p", 2, 3 * model.ffn_hidden * h / d, d, d - 1),
-                ("reduce", d, attn_shard / d, d, d), ("p2p", 2, 3 * model.ffn_hidden * h / d, d, d - 1),
-                ("reduce_scatter",) + kv[1:]]
+        bwd += [
+            ("broadcast", d, attn_shard / d, d, d),
+            ("p2p", 2, 3 * model.ffn_hidden * h / d, d, d - 1),
+            ("reduce", d, attn_shard / d, d, d),
+            ("p2p", 2, 3 * model.ffn_hidden * h / d, d, d - 1),
+            ("reduce_scatter",) + kv[1:],
+        ]
         bwd += [kv] if regather_kv else []
     if mode == "forward":
         return fwd
@@ -95,15 +119,16 @@ def _collectives_time_s(colls, hw: HardwareProfile, elem_bytes: int) -> float:
     return total
 
 
-def edge_collectives(model: ModelConfig, par: ParallelConfig, seq_len: int, batch: int, *,
-                     mode: str = "forward") -> list[tuple[str, int, float, int, int]]:
+def edge_collectives(
+    model: ModelConfig, par: ParallelConfig, seq_len: int, batch: int, *, mode: str = "forward"
+) -> list[tuple[str, int, float, int, int]]:
     """Once per step: the vocabulary-parallel embedding, LM head and cross-entropy (costmodel.comm_embed_head;
     none where the vocabulary is replicated). Same tuple format as `layer_collectives`."""
     t, h = par.vocab_degree, model.dim
     if t <= 1:
         return []
     n = batch * seq_len / layout(par).sp
-    if par.vocab == "ring":                  # tsp: weight rings of V·h/D (and gradient rings in training)
+    if par.vocab == "ring":  # tsp: weight rings of V·h/D (and gradient rings in training)
         shard = model.vocab_size * h / t
         fwd = [("p2p", 2, shard, t, 2 * (t - 1))]
         bwd = [("p2p", 2, shard, t, 3 * (t - 1))]
@@ -118,9 +143,20 @@ def edge_collectives(model: ModelConfig, par: ParallelConfig, seq_len: int, batc
 
 
 # ---------------------------------------------------------------------------------------------- step
-def step_time(model: ModelConfig, par: ParallelConfig, seq_len: int, batch: int, hw: HardwareProfile, *,
-              mode: str = "forward", overlap: str = "none", layers: int | None = None,
-              dtype: str = "bfloat16", causal_halved: bool = True, regather_kv: bool = False) -> dict:
+def step_time(
+    model: ModelConfig,
+    par: ParallelConfig,
+    seq_len: int,
+    batch: int,
+    hw: HardwareProfile,
+    *,
+    mode: str = "forward",
+    overlap: str = "none",
+    layers: int | None = None,
+    dtype: str = "bfloat16",
+    causal_halved: bool = True,
+    regather_kv: bool = False,
+) -> dict:
     """One replica's step on one device: compute, communication, and the step under the overlap rule.
 
     Compute: the replica's FLOPs (HFU, i.e. with recompute when par.recompute == "full") split evenly over
@@ -134,12 +170,19 @@ def step_time(model: ModelConfig, par: ParallelConfig, seq_len: int, batch: int,
     lay, b = layout(par), BYTES[dtype]
     n_layers = model.n_layers if layers is None else layers
     recompute = mode == "train" and par.recompute == "full"
-    body = flops_per_token(model, seq_len, mode=mode, causal_halved=causal_halved, layers=n_layers,
-                           include_lm_head=False, recompute=recompute)
+    body = flops_per_token(
+        model,
+        seq_len,
+        mode=mode,
+        causal_halved=causal_halved,
+        layers=n_layers,
+        include_lm_head=False,
+        recompute=recompute,
+    )
     flops = batch * seq_len * body / par.degree
-    if layers is None:                                   # LM head: 2·V·h per token, ×3 (×4) in training
+    if layers is None:  # LM head: 2·V·h per token, ×3 (×4) in training
         mult = 1 if mode == "forward" else (4 if recompute else 3)
-        if par.vocab == "ring":              # every class for the rank's tokens; backward recomputes the logits
+        if par.vocab == "ring":  # every class for the rank's tokens; backward recomputes the logits
             flops += batch * seq_len / lay.loss_div * 2 * model.vocab_size * model.dim * (mult + (mult > 1))
         else:
             flops += batch * seq_len / lay.loss_div * 2 * model.vocab_size / lay.vocab_div * model.dim * mult
@@ -150,11 +193,16 @@ def step_time(model: ModelConfig, par: ParallelConfig, seq_len: int, batch: int,
     if layers is None:
         comm_s += _collectives_time_s(edge_collectives(model, par, seq_len, batch, mode=mode), hw, b)
     if mode == "train":
-        n_sync, p = grad_sync_group(model, par, layers)      # the Σ axis of tp_sp spans the whole replica
+        n_sync, p = grad_sync_group(model, par, layers)  # the Σ axis of tp_sp spans the whole replica
         comm_s += _collectives_time_s([("allreduce", p, n_sync, par.degree, 1)], hw, b)
     step_s = compute_s + comm_s if overlap == "none" else max(compute_s, comm_s)
-    return {"compute_s": compute_s, "comm_s": comm_s, "step_s": step_s, "exposed_comm_s": step_s - compute_s,
-            "flops_per_device": flops}
+    return {
+        "compute_s": compute_s,
+        "comm_s": comm_s,
+        "step_s": step_s,
+        "exposed_comm_s": step_s - compute_s,
+        "flops_per_device": flops,
+    }
 
 
 def decode_collectives(model: ModelConfig, par: ParallelConfig, batch: int) -> list[tuple[str, int, float, int, int]]:
@@ -163,21 +211,35 @@ def decode_collectives(model: ModelConfig, par: ParallelConfig, batch: int) -> l
     lay, h, n_h, d, b, s = layout(par), model.dim, model.n_heads, model.head_dim, batch, par.scheme
     out: list[tuple[str, int, float, int, int]] = []
     if s in ("tp", "tp_msp", "tp_sp") and lay.tp > 1:
-        out.append(("allreduce", lay.tp, b * h, lay.tp, 2))                      # f/g: W_O and MLP outputs
+        out.append(("allreduce", lay.tp, b * h, lay.tp, 2))  # f/g: W_O and MLP outputs
     if s in ("sp", "tp_sp") and lay.sp > 1:
         heads = n_h / lay.tp
-        out += [("allreduce", lay.sp, b * heads, par.degree, 2),                 # max and denominator
-                ("allreduce", lay.sp, b * heads * d, par.degree, 1)]             # numerator
+        out += [
+            ("allreduce", lay.sp, b * heads, par.degree, 2),  # max and denominator
+            ("allreduce", lay.sp, b * heads * d, par.degree, 1),
+        ]  # numerator
     if s == "tsp":
         p = par.degree
-        out += [("allgather", p, b * n_h * d, p, 1), ("allgather", p, b * model.n_kv_heads * d, p, 2),
-                ("allreduce", p, b * n_h, p, 2), ("reduce_scatter", p, b * n_h * d, p, 1),
-                ("allreduce", p, b * h, p, 2)]
+        out += [
+            ("allgather", p, b * n_h * d, p, 1),
+            ("allgather", p, b * model.n_kv_heads * d, p, 2),
+            ("allreduce", p, b * n_h, p, 2),
+            ("reduce_scatter", p, b * n_h * d, p, 1),
+            ("allreduce", p, b * h, p, 2),
+        ]
     return out
 
 
-def decode_step_time(model: ModelConfig, par: ParallelConfig, context_len: int, batch: int, hw: HardwareProfile,
-                     *, dtype: str = "bfloat16", overlap: str = "none") -> dict:
+def decode_step_time(
+    model: ModelConfig,
+    par: ParallelConfig,
+    context_len: int,
+    batch: int,
+    hw: HardwareProfile,
+    *,
+    dtype: str = "bfloat16",
+    overlap: str = "none",
+) -> dict:
     """One decode step (one new token for each of a replica's B sequences, context_len cached) on one device.
 
     Memory: every weight this rank holds and its KV cache are read once per step, at hw.mem_bw (decode is
@@ -191,19 +253,39 @@ def decode_step_time(model: ModelConfig, par: ParallelConfig, context_len: int, 
     weights = params_per_device(model, par) * b
     kv = kv_cache_bytes(model, par, context_len, batch, dtype)
     memory_s = (weights + kv) / hw.mem_bw
-    matmul_params = params_per_device(model, par) - model.vocab_size * model.dim / layout(par).vocab_div  # no lookup FLOPs
+    matmul_params = (
+        params_per_device(model, par) - model.vocab_size * model.dim / layout(par).vocab_div
+    )  # no lookup FLOPs
     flops = 2 * batch * matmul_params + 2 * model.gqa_ratio * kv / b
     compute_s = flops / (hw.peak_flops(dtype) * hw.matmul_efficiency)
     comm_s = model.n_layers * _collectives_time_s(decode_collectives(model, par, batch), hw, b)
     device_s = max(memory_s, compute_s)
     step_s = device_s + comm_s if overlap == "none" else max(device_s, comm_s)
-    return {"memory_s": memory_s, "compute_s": compute_s, "comm_s": comm_s, "step_s": step_s,
-            "kv_cache_bytes": kv, "weight_bytes": weights, "tokens_per_s": batch / step_s}
+    return {
+        "memory_s": memory_s,
+        "compute_s": compute_s,
+        "comm_s": comm_s,
+        "step_s": step_s,
+        "kv_cache_bytes": kv,
+        "weight_bytes": weights,
+        "tokens_per_s": batch / step_s,
+    }
 
 
-def cluster_throughput(model: ModelConfig, par: ParallelConfig, seq_len: int, batch: int,
-                       hw: HardwareProfile, n_gpus: int, *, mode: str = "forward", overlap: str = "none",
-                       layers: int | None = None, dtype: str = "bfloat16", causal_halved: bool = True) -> dict:
+def cluster_throughput(
+    model: ModelConfig,
+    par: ParallelConfig,
+    seq_len: int,
+    batch: int,
+    hw: HardwareProfile,
+    n_gpus: int,
+    *,
+    mode: str = "forward",
+    overlap: str = "none",
+    layers: int | None = None,
+    dtype: str = "bfloat16",
+    causal_halved: bool = True,
+) -> dict:
     """Tokens/s of n_gpus // degree data-parallel replicas, each running `step_time`.
 
     Training adds the DP gradient all-reduce of each device's gradients (ring over the replicas, on the
@@ -212,8 +294,18 @@ def cluster_throughput(model: ModelConfig, par: ParallelConfig, seq_len: int, ba
     dp = n_gpus // par.degree
     if dp < 1:
         raise ValueError(f"n_gpus={n_gpus} is smaller than the group size degree={par.degree}")
-    st = step_time(model, par, seq_len, batch, hw, mode=mode, overlap="none", layers=layers, dtype=dtype,
-                   causal_halved=causal_halved)
+    st = step_time(
+        model,
+        par,
+        seq_len,
+        batch,
+        hw,
+        mode=mode,
+        overlap="none",
+        layers=layers,
+        dtype=dtype,
+        causal_halved=causal_halved,
+    )
     dp_allreduce_s = 0.0
     if mode == "train" and dp > 1:
         grad_bytes = params_per_device(model, par, layers) * state_bytes_per_param(dtype)["grads"]
@@ -222,6 +314,12 @@ def cluster_throughput(model: ModelConfig, par: ParallelConfig, seq_len: int, ba
     comm_s = st["comm_s"] + dp_allreduce_s
     step_s = st["compute_s"] + comm_s if overlap == "none" else max(st["compute_s"], comm_s)
     tokens_per_s = dp * batch * seq_len / step_s
-    return {"tokens_per_s": tokens_per_s, "tokens_per_s_per_device": tokens_per_s / (dp * par.degree),
-            "dp_replicas": dp, "step_s": step_s, "dp_allreduce_s": dp_allreduce_s,
-            "compute_s": st["compute_s"], "comm_s": comm_s}
+    return {
+        "tokens_per_s": tokens_per_s,
+        "tokens_per_s_per_device": tokens_per_s / (dp * par.degree),
+        "dp_replicas": dp,
+        "step_s": step_s,
+        "dp_allreduce_s": dp_allreduce_s,
+        "compute_s": st["compute_s"],
+        "comm_s": comm_s,
+    }

@@ -1,4 +1,5 @@
-"""Serving: KV-cache prefill and one-token decode for every scheme (docs/method.md#serving, docs/method.md#choice-decode).
+"""Serving: KV-cache prefill and one-token decode for every scheme (docs/method.md#serving,
+docs/method.md#choice-decode).
 
 Prefill is each scheme's own forward with a KV cache switched on (`ParallelModel.start_kv_cache`). Every
 scheme caches the K/V its forward already computes, so the cache is sharded like its heads and tokens:
@@ -27,6 +28,7 @@ Communication per layer and decode step (B·h elements are tiny next to the cach
     tsp          all-gather of q, k, v (B·(n_h + 2·n_kv)·d), the merge (its numerator reduce-scattered over
                  heads), 2 all-reduces of B·h
 """
+
 from __future__ import annotations
 
 import math
@@ -59,12 +61,14 @@ def partial_attention(q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor |
     normalised over these keys [B, n_q, 1, d] and its log-sum-exp [B, n_q, 1], in fp32 (fp64 for fp64)."""
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     if k is None or k.shape[2] == 0:
-        return (torch.zeros(q.shape, dtype=acc, device=q.device),
-                torch.full(q.shape[:-1], -math.inf, dtype=acc, device=q.device))
+        return (
+            torch.zeros(q.shape, dtype=acc, device=q.device),
+            torch.full(q.shape[:-1], -math.inf, dtype=acc, device=q.device),
+        )
     g = q.shape[1] // k.shape[1]
     kk, vv = (t.to(acc).repeat_interleave(g, dim=1) for t in (k, v))
-    s = (q.to(acc) @ kk.transpose(-1, -2)) / math.sqrt(q.shape[-1])       # [B, n_q, 1, L]
-    lse = torch.logsumexp(s, dim=-1)                                       # [B, n_q, 1]
+    s = (q.to(acc) @ kk.transpose(-1, -2)) / math.sqrt(q.shape[-1])  # [B, n_q, 1, L]
+    lse = torch.logsumexp(s, dim=-1)  # [B, n_q, 1]
     return torch.exp(s - lse.unsqueeze(-1)) @ vv, lse
 
 
@@ -73,8 +77,8 @@ def merge_partials(o: torch.Tensor, lse: torch.Tensor, comm: Comm | None, scatte
     this rank's 1/p of the heads (dim 1), reduce-scattering the numerator instead of all-reducing it."""
     if comm is None:
         return o
-    m = comm.all_reduce(lse.clone(), op="max")                            # [B, n_q, 1]
-    w = torch.exp(lse - m)                                                 # a rank with no keys: 0
+    m = comm.all_reduce(lse.clone(), op="max")  # [B, n_q, 1]
+    w = torch.exp(lse - m)  # a rank with no keys: 0
     den = comm.all_reduce(w.clone())
     num = o * w.unsqueeze(-1)
     if scatter_heads:
@@ -85,8 +89,15 @@ def merge_partials(o: torch.Tensor, lse: torch.Tensor, comm: Comm | None, scatte
     return num / den.unsqueeze(-1)
 
 
-def decode_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: LayerKV, seq: Comm | None,
-                  position: int, scatter_heads: bool = False) -> torch.Tensor:
+def decode_attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kv: LayerKV,
+    seq: Comm | None,
+    position: int,
+    scatter_heads: bool = False,
+) -> torch.Tensor:
     """Attention of the new token (heads of q) over the cache sharded by tokens over `seq` (None: whole
     cache here): append on the owner, attend locally, merge. Returns [B, n_q, 1, d] in q's dtype
     (`scatter_heads`: this rank's 1/p of the heads, as tsp needs)."""

@@ -4,6 +4,7 @@ docs/method.md#choice-sp-variant).
     allgather (default)  all-gather K and V along the sequence, un-zigzag, causal attention per local chunk
     ring                 Σ−1 peer-to-peer K/V hops with an online-softmax merge (ring_attention.py)
 """
+
 from __future__ import annotations
 
 import torch
@@ -13,8 +14,9 @@ from tspbench.schemes.ops.layout import SeqLayout, attend_shard
 from tspbench.schemes.ops.ring_attention import ring_attention
 
 
-def attend_sequence(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, comm: Comm | None, layout: SeqLayout,
-                    variant: str = "allgather") -> torch.Tensor:
+def attend_sequence(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, comm: Comm | None, layout: SeqLayout, variant: str = "allgather"
+) -> torch.Tensor:
     """Causal attention of local queries against the whole sequence's K/V, exchanged over `comm`.
 
     q: [B, n_q, S/Σ, d]; k, v: [B, n_kv, S/Σ, d], local zigzag order → [B, n_q, S/Σ, d]. `comm` None means

@@ -1,12 +1,13 @@
 """Sequence layouts: which global tokens a rank holds, and causal attention on such a shard.
 
-Zigzag (docs/method.md#choice-zigzag; ring-flash-attention `extract_local`, Megatron CP): split S into 2·D equal chunks; rank p
-holds chunks p and 2D−1−p, so every rank gets one early and one late chunk and the causal work is equal.
-Contiguous: rank p holds chunk p of D (Megatron-SP's split; causal work unbalanced, which does not matter
+Zigzag (docs/method.md#choice-zigzag; ring-flash-attention `extract_local`, Megatron CP): split S into 2·D equal
+chunks; rank p holds chunks p and 2D−1−p, so every rank gets one early and one late chunk and the causal work is
+equal. Contiguous: rank p holds chunk p of D (Megatron-SP's split; causal work unbalanced, which does not matter
 there because attention runs on the full, re-gathered sequence).
 
 These helpers are pure (no communication) and are shared by the schemes, the tests and the runner.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -76,6 +77,6 @@ def attend_shard(q: torch.Tensor, k_full: torch.Tensor, v_full: torch.Tensor, la
     outs, lo = [], 0
     for start, n in layout.chunks:
         end = start + n
-        outs.append(causal_attention(q[:, :, lo:lo + n], k_full[:, :, :end], v_full[:, :, :end], q_offset=start))
+        outs.append(causal_attention(q[:, :, lo : lo + n], k_full[:, :, :end], v_full[:, :, :end], q_offset=start))
         lo += n
     return torch.cat(outs, dim=2)

@@ -8,9 +8,10 @@ shard is in flight while the current one computes (docs/method.md#tsp-mlp).
                landing, summed, on the shard's owner after D − 1 hops (a ring reduce-scatter): D − 1 weight
                hops (if any) + D − 1 gradient hops.
 """
+
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -28,7 +29,7 @@ def unpack(buf: torch.Tensor, shapes: list[torch.Size]) -> list[torch.Tensor]:
     out, off = [], 0
     for s in shapes:
         n = s.numel()
-        out.append(buf[off:off + n].view(s))
+        out.append(buf[off : off + n].view(s))
         off += n
     return out
 
@@ -49,27 +50,28 @@ def ring_forward(comm: Comm, own: torch.Tensor, step: Callable[[int, torch.Tenso
             buf = nxt
 
 
-def ring_backward(comm: Comm, own: torch.Tensor | None,
-                  partial_grad: Callable[[int, torch.Tensor | None], torch.Tensor]) -> torch.Tensor:
+def ring_backward(
+    comm: Comm, own: torch.Tensor | None, partial_grad: Callable[[int, torch.Tensor | None], torch.Tensor]
+) -> torch.Tensor:
     """This rank's shard gradient, summed over every rank. partial_grad(owner, buf) returns this rank's flat
     partial gradient for shard `owner`; buf is that shard's weights when `own` (this rank's, flat) is given,
     else None (the gradient does not need the weights, e.g. an embedding lookup)."""
     buf = own
     own_grad, acc_in, acc_reqs, keep = None, None, [], []
-    for t in range(comm.size):                      # step t: this rank holds shard (rank − t) mod D
+    for t in range(comm.size):  # step t: this rank holds shard (rank − t) mod D
         w_reqs, nxt = [], None
         if buf is not None and t < comm.size - 1:
             nxt = torch.empty_like(buf)
             w_reqs = comm.start_shift(buf, nxt, tag=WEIGHT_TAG)
         g = partial_grad((comm.rank - t) % comm.size, buf)
-        for q in acc_reqs:                          # the accumulator for this shard, from rank − 1
+        for q in acc_reqs:  # the accumulator for this shard, from rank − 1
             q.wait()
         if t == 0:
-            own_grad = g                            # own shard: keep, the others' partials arrive last
+            own_grad = g  # own shard: keep, the others' partials arrive last
         else:
             if acc_in is not None:
                 g = g + acc_in
-            acc_in = torch.empty_like(g)            # pass it on (the last hop lands on the owner)
+            acc_in = torch.empty_like(g)  # pass it on (the last hop lands on the owner)
             acc_reqs, keep = comm.start_shift(g, acc_in, tag=GRAD_TAG), [g]
         for q in w_reqs:
             q.wait()
@@ -77,6 +79,6 @@ def ring_backward(comm: Comm, own: torch.Tensor | None,
     for q in acc_reqs:
         q.wait()
     del keep
-    if acc_in is not None:                          # D ≥ 2: everyone else's partials for my shard
+    if acc_in is not None:  # D ≥ 2: everyone else's partials for my shard
         own_grad = own_grad + acc_in
     return own_grad

@@ -6,6 +6,7 @@ swaps each block's `attention` / `mlp` for its own modules holding this rank's w
 (`shard_block_weights`, from the same seeded full tensors as the reference), gives every parameter still on
 meta its full value (`materialise_replicated`), and checks that every local parameter has a Shard spec.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -56,16 +57,18 @@ class Shard:
     grad_sum: Comm | None = None
 
 
-def slice_param(name: str, full_shape: tuple[int, ...], dim: int, index: int, parts: int, seed: int,
-                dtype: torch.dtype, device) -> nn.Parameter:
+def slice_param(
+    name: str, full_shape: tuple[int, ...], dim: int, index: int, parts: int, seed: int, dtype: torch.dtype, device
+) -> nn.Parameter:
     """This rank's contiguous 1/parts slice of the seeded full parameter."""
     full = init_full_param(name, full_shape, seed, dtype, device)
     # clone, not contiguous(): a row chunk is already contiguous, and a view would keep `full` alive.
     return nn.Parameter(full.chunk(parts, dim)[index].clone())
 
 
-def materialise_replicated(module: Transformer, shards: dict[str, Shard], seed: int, dtype, device,
-                           grad_sum: Comm | None) -> None:
+def materialise_replicated(
+    module: Transformer, shards: dict[str, Shard], seed: int, dtype, device, grad_sum: Comm | None
+) -> None:
     """Give every parameter still on the meta device (embedding, norms, LM head) its full seeded value;
     they are replicated, with gradients summed over `grad_sum` when ranks see different tokens."""
     for mod_name, mod in module.named_modules():
@@ -105,8 +108,15 @@ ATTN_SPLIT = {"wq": 0, "wk": 0, "wv": 0, "wo": 1}
 MLP_SPLIT = {"w_gate": 0, "w_up": 0, "w_down": 1}
 
 
-def shard_block_weights(module: nn.Module, prefix: str, split: dict[str, int], comm: Comm, args: ApplyArgs,
-                        shards: dict[str, Shard], grad_sum: Comm | None = None) -> dict[str, nn.Parameter]:
+def shard_block_weights(
+    module: nn.Module,
+    prefix: str,
+    split: dict[str, int],
+    comm: Comm,
+    args: ApplyArgs,
+    shards: dict[str, Shard],
+    grad_sum: Comm | None = None,
+) -> dict[str, nn.Parameter]:
     """This rank's slice (index comm.rank of comm.size) of each weight of a reference submodule."""
     out = {}
     for pname, dim in split.items():

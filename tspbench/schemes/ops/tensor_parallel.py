@@ -3,6 +3,7 @@ tp, tp_msp and tp_sp. Each module holds this rank's head / channel slice; `enter
 mappings around the GEMMs (tp: f and g; tp_msp: all-gather / reduce-scatter along the sequence; tp_sp: f and
 g on the local tokens), the only thing the schemes change.
 """
+
 from __future__ import annotations
 
 import torch.nn.functional as F
@@ -31,29 +32,29 @@ class TPAttention(nn.Module):
     """The group the cache's tokens are sharded over (tp_sp: sp); None: this rank caches every token."""
 
     def enter(self, x, positions):
-        return copy_to_region(x, self.comm), positions       # f: identity fwd, all-reduce bwd
+        return copy_to_region(x, self.comm), positions  # f: identity fwd, all-reduce bwd
 
     def exit(self, y):
-        return reduce_from_region(y, self.comm)               # g: all-reduce fwd, identity bwd
+        return reduce_from_region(y, self.comm)  # g: all-reduce fwd, identity bwd
 
     def attend(self, q, k, v):
-        return causal_attention(q, k, v, q_offset=0)         # full sequence: plain causal
+        return causal_attention(q, k, v, q_offset=0)  # full sequence: plain causal
 
     def forward(self, x, positions):
         if self.decoding:
             return self.decode(x, positions)
-        x, positions = self.enter(x, positions)               # [B, S, h]
+        x, positions = self.enter(x, positions)  # [B, S, h]
         q, k, v = project_qkv(x, self.wq, self.wk, self.wv, positions, self.head_dim, self.theta)
-        if self.kv is not None:                               # prefill: cache what this rank computed
+        if self.kv is not None:  # prefill: cache what this rank computed
             self.kv.append(k, v)
-        o = self.attend(q, k, v)                              # [B, n_h/T, S, d]
+        o = self.attend(q, k, v)  # [B, n_h/T, S, d]
         return self.exit(F.linear(o.transpose(1, 2).flatten(2), self.wo))  # partial sum over head shards
 
     def decode(self, x, positions):
         """x: [B, 1, h], the same on every rank; positions: [position]."""
         x = x if self.comm is None else copy_to_region(x, self.comm)
         q, k, v = project_qkv(x, self.wq, self.wk, self.wv, positions, self.head_dim, self.theta)
-        o = decode_attend(q, k, v, self.kv, self.seq_comm, self.decode_state.position)    # [B, n_h/T, 1, d]
+        o = decode_attend(q, k, v, self.kv, self.seq_comm, self.decode_state.position)  # [B, n_h/T, 1, d]
         y = F.linear(o.transpose(1, 2).flatten(2), self.wo)
         return y if self.comm is None else reduce_from_region(y, self.comm)
 

@@ -25,6 +25,7 @@ embedding and three all-reduces of B·S scalars in the loss; backward all-reduce
 B·S·h head-input gradient. Memory: the fp32 logits are B·S·V/T per rank, and the embedding / head weights,
 gradients and optimizer state 1/T.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -34,9 +35,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from tspbench.config import ModelConfig
+from tspbench.schemes.comm import (
+    Comm,
+    copy_to_region,
+    gather_from_sequence,
+    reduce_from_region,
+    reduce_scatter_to_sequence,
+)
 from tspbench.schemes.ops.sharding import ApplyArgs, Shard, slice_param
-from tspbench.schemes.comm import (Comm, copy_to_region, gather_from_sequence, reduce_from_region,
-                                   reduce_scatter_to_sequence)
 
 
 @dataclass
@@ -73,10 +79,10 @@ class VocabParallelEmbedding(nn.Module):
         self.weight, self.vocab, self.scatter_seq = weight, vocab, scatter_seq
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        local, outside = self.vocab.local_ids(tokens)                       # [B, S]
-        x = F.embedding(local, self.weight).masked_fill_(outside.unsqueeze(-1), 0)   # [B, S, h], partial
+        local, outside = self.vocab.local_ids(tokens)  # [B, S]
+        x = F.embedding(local, self.weight).masked_fill_(outside.unsqueeze(-1), 0)  # [B, S, h], partial
         if self.scatter_seq and not self.decoding:
-            return reduce_scatter_to_sequence(x, self.vocab.comm, dim=1)   # tp_msp: my S/T tokens
+            return reduce_scatter_to_sequence(x, self.vocab.comm, dim=1)  # tp_msp: my S/T tokens
         return reduce_from_region(x, self.vocab.comm)
 
 
@@ -91,10 +97,10 @@ class VocabParallelHead(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gather_seq and not self.decoding:
-            x = gather_from_sequence(x, self.vocab.comm, dim=1)             # tp_msp: [B, S/T, h] → [B, S, h]
+            x = gather_from_sequence(x, self.vocab.comm, dim=1)  # tp_msp: [B, S/T, h] → [B, S, h]
         else:
-            x = copy_to_region(x, self.vocab.comm)                          # f: all-reduce of dx backward
-        return F.linear(x, self.weight)                                     # [B, S_loc, V/T]
+            x = copy_to_region(x, self.vocab.comm)  # f: all-reduce of dx backward
+        return F.linear(x, self.weight)  # [B, S_loc, V/T]
 
 
 class _VocabParallelCrossEntropy(torch.autograd.Function):
@@ -107,21 +113,21 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
     def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, vocab: VocabShard) -> torch.Tensor:
         comm = vocab.comm
         acc = torch.promote_types(logits.dtype, torch.float32)
-        m = comm.all_reduce(logits.amax(-1).to(acc), op="max")              # [B, S] global max (a shift)
-        z = logits - m.unsqueeze(-1)                                       # new buffer, promoted to acc
+        m = comm.all_reduce(logits.amax(-1).to(acc), op="max")  # [B, S] global max (a shift)
+        z = logits - m.unsqueeze(-1)  # new buffer, promoted to acc
         local, outside = vocab.local_ids(targets)
         target_z = z.gather(-1, local.unsqueeze(-1)).squeeze(-1).masked_fill_(outside, 0)
-        comm.all_reduce(target_z)                                          # the one shard that holds it
-        sum_exp = comm.all_reduce(z.exp_().sum(-1))                        # Σ over all V classes
-        z.div_(sum_exp.unsqueeze(-1))                                      # softmax of my classes
+        comm.all_reduce(target_z)  # the one shard that holds it
+        sum_exp = comm.all_reduce(z.exp_().sum(-1))  # Σ over all V classes
+        z.div_(sum_exp.unsqueeze(-1))  # softmax of my classes
         ctx.save_for_backward(z, local, outside)
         ctx.in_dtype = logits.dtype
-        return sum_exp.log() - target_z                                    # [B, S]
+        return sum_exp.log() - target_z  # [B, S]
 
     @staticmethod
     def backward(ctx, g: torch.Tensor):
         softmax, local, outside = ctx.saved_tensors
-        grad = softmax.mul_(g.unsqueeze(-1))                               # g·softmax …
+        grad = softmax.mul_(g.unsqueeze(-1))  # g·softmax …
         grad.scatter_add_(-1, local.unsqueeze(-1), (-g).masked_fill(outside, 0).unsqueeze(-1))  # … − g·onehot
         return grad.to(ctx.in_dtype), None, None
 
@@ -131,8 +137,15 @@ def vocab_parallel_loss_sum(logits: torch.Tensor, targets: torch.Tensor, vocab: 
     return _VocabParallelCrossEntropy.apply(logits, targets, vocab).sum()
 
 
-def shard_vocab(module: nn.Module, cfg: ModelConfig, comm: Comm, args: ApplyArgs, shards: dict[str, Shard],
-                grad_sum: Comm | None, sequence_parallel: bool) -> VocabShard:
+def shard_vocab(
+    module: nn.Module,
+    cfg: ModelConfig,
+    comm: Comm,
+    args: ApplyArgs,
+    shards: dict[str, Shard],
+    grad_sum: Comm | None,
+    sequence_parallel: bool,
+) -> VocabShard:
     """Replace `module.embed` / `module.lm_head` by their vocabulary slices over `comm`.
 
     `grad_sum`: the group whose ranks use the same slice on different tokens (tp_sp: sp). `sequence_parallel`

@@ -15,6 +15,7 @@ D−1 gradient hops backward; head D−1 weight hops forward, D−1 weight + D�
 forward, 3·V·h·(D−1)/D backward. Memory: 1/D of the embedding/head state; the cross-entropy holds one
 [B, S/D, V/D] block at a time instead of [B, S/D, V].
 """
+
 from __future__ import annotations
 
 import torch
@@ -22,9 +23,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from tspbench.config import ModelConfig
-from tspbench.schemes.ops.sharding import ApplyArgs, Shard, slice_param
 from tspbench.schemes.comm import Comm
 from tspbench.schemes.ops.ring import ring_backward, ring_forward
+from tspbench.schemes.ops.sharding import ApplyArgs, Shard, slice_param
 
 
 def _ids(tokens: torch.Tensor, start: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -43,6 +44,7 @@ class _RingEmbedding(torch.autograd.Function):
         def step(owner, buf):
             local, outside = _ids(tokens, owner * size, size)
             out.add_(F.embedding(local, buf.view(ctx.wshape)).masked_fill_(outside.unsqueeze(-1), 0))
+
         ring_forward(comm, weight.detach().reshape(-1), step)
         ctx.save_for_backward(tokens)
         return out
@@ -57,6 +59,7 @@ class _RingEmbedding(torch.autograd.Function):
             g = dx.new_zeros(ctx.wshape)
             g.index_add_(0, local.reshape(-1), dx.masked_fill(outside.unsqueeze(-1), 0).reshape(-1, h))
             return g.reshape(-1)
+
         with ctx.comm.log.scope(ctx.tag, backward=True):
             grad = ring_backward(ctx.comm, None, partial_grad)
         return None, grad.view(ctx.wshape), None
@@ -70,17 +73,20 @@ class _RingHeadLoss(torch.autograd.Function):
         ctx.comm, ctx.tag, ctx.wshape = comm, comm.log.tag, weight.shape
         acc = torch.promote_types(x.dtype, torch.float32)
         size = weight.shape[0]
-        state = {"m": torch.full(targets.shape, -torch.inf, dtype=acc, device=x.device),
-                 "l": torch.zeros(targets.shape, dtype=acc, device=x.device)}
+        state = {
+            "m": torch.full(targets.shape, -torch.inf, dtype=acc, device=x.device),
+            "l": torch.zeros(targets.shape, dtype=acc, device=x.device),
+        }
         target_z = torch.zeros(targets.shape, dtype=acc, device=x.device)
 
         def step(owner, buf):
-            z = F.linear(x, buf.view(ctx.wshape)).to(acc)                  # [B, S/D, V/D]
+            z = F.linear(x, buf.view(ctx.wshape)).to(acc)  # [B, S/D, V/D]
             local, outside = _ids(targets, owner * size, size)
             target_z.add_(z.gather(-1, local.unsqueeze(-1)).squeeze(-1).masked_fill_(outside, 0))
             m = torch.maximum(state["m"], z.amax(-1))
             state["l"] = state["l"] * torch.exp(state["m"] - m) + torch.exp(z - m.unsqueeze(-1)).sum(-1)
             state["m"] = m
+
         ring_forward(comm, weight.detach().reshape(-1), step)
         lse = state["m"] + torch.log(state["l"])
         ctx.save_for_backward(x, weight, targets, lse)
@@ -96,10 +102,11 @@ class _RingHeadLoss(torch.autograd.Function):
             w = buf.view(ctx.wshape)
             p = torch.exp(F.linear(x, w).to(lse.dtype) - lse.unsqueeze(-1))  # softmax over the whole V
             local, outside = _ids(targets, owner * size, size)
-            p.scatter_add_(-1, local.unsqueeze(-1), (~outside).to(p.dtype).neg().unsqueeze(-1))   # − onehot
+            p.scatter_add_(-1, local.unsqueeze(-1), (~outside).to(p.dtype).neg().unsqueeze(-1))  # − onehot
             dz = (p * g.unsqueeze(-1)).to(x.dtype)
             dx.add_(dz @ w)
             return (dz.flatten(0, -2).transpose(0, 1) @ x.flatten(0, -2)).reshape(-1)
+
         with ctx.comm.log.scope(ctx.tag, backward=True):
             grad = ring_backward(ctx.comm, weight.detach().reshape(-1), partial_grad)
         return dx.to(x.dtype), grad.view(ctx.wshape), None, None
@@ -147,8 +154,7 @@ class VocabRing:
         return self.head.comm.all_gather(logits.contiguous(), -1)
 
 
-def ring_vocab(module: nn.Module, cfg: ModelConfig, comm: Comm, args: ApplyArgs,
-               shards: dict[str, Shard]) -> VocabRing:
+def ring_vocab(module: nn.Module, cfg: ModelConfig, comm: Comm, args: ApplyArgs, shards: dict[str, Shard]) -> VocabRing:
     """Replace `module.embed` / `module.lm_head` by this rank's 1/D vocabulary rows on the TSP ring."""
     for name, cls in (("embed", RingEmbedding), ("lm_head", RingHead)):
         full = f"{name}.weight"
