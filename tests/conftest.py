@@ -1,4 +1,7 @@
-"""Shared fixtures: the parity matrix runs once per world size per session (one spawn each)."""
+"""Shared fixtures. The parity matrix (parity_cases.py) runs in one spawned rank group per world size, and
+only the cases the selected tests need: `pytest -k tsp-D4` spawns one group of 4 ranks running the
+tsp-D4 cases, not every case of that world size. A test that reads cases other than its own `cid` parameter
+names them with `@pytest.mark.parity_cases("cid", ...)`."""
 
 from __future__ import annotations
 
@@ -6,23 +9,70 @@ import pytest
 
 from tspbench.verify.runner import run_cases
 
-
-@pytest.fixture(scope="session")
-def parity_results():
-    """world size → {case id: result dict}; computed lazily, once per world size."""
-    from parity_cases import all_cases_for_world, case_id
-
-    cache: dict[int, dict[str, dict]] = {}
-
-    def get(world: int) -> dict[str, dict]:
-        if world not in cache:
-            cases = all_cases_for_world(world)
-            results = run_cases(cases, world)
-            cache[world] = {case_id(vc, b): r for (vc, b), r in zip(cases, results)}
-        return cache[world]
-
-    return get
+_SELECTED: set[str] = set()
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped without one)")
+    config.addinivalue_line("markers", "parity_cases(*cids): parity cases a test reads besides its `cid` parameter")
+
+
+SLOW_WORLDS = (8,)
+"""Parity cases of these world sizes are `slow` (left out of the quick loop `pytest -m "not slow"`)."""
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselection reads the marks
+def pytest_itemcollected(item):
+    cid = getattr(item, "callspec", None) and item.callspec.params.get("cid")
+    if cid and "parity_results" in getattr(item, "fixturenames", ()):
+        from parity_cases import ALL, DECODE
+
+        world = (ALL.get(cid) or DECODE.get(cid) or (None,))[0]
+        if world in SLOW_WORLDS:
+            item.add_marker(pytest.mark.slow)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Micro-benchmarks run only when asked for by name (`-m bench`), whatever else -m says."""
+    if "bench" in (config.option.markexpr or ""):
+        return
+    bench = [i for i in items if i.get_closest_marker("bench")]
+    if bench:
+        config.hook.pytest_deselected(items=bench)
+        items[:] = [i for i in items if not i.get_closest_marker("bench")]
+
+
+def pytest_collection_finish(session):  # after -k / -m deselection: the items that will run
+    _SELECTED.clear()
+    for item in session.items:
+        if "parity_results" not in getattr(item, "fixturenames", ()):
+            continue
+        cid = getattr(item, "callspec", None) and item.callspec.params.get("cid")
+        if cid:
+            _SELECTED.add(cid)
+        for mark in item.iter_markers("parity_cases"):
+            _SELECTED.update(mark.args)
+
+
+class _Results(dict):
+    """The results of one world size; a case read that was not computed fails loudly, never silently."""
+
+    def __missing__(self, cid: str) -> dict:
+        raise KeyError(f"parity case {cid!r} was not run: add it to the test's @pytest.mark.parity_cases(...)")
+
+
+@pytest.fixture(scope="session")
+def parity_results():
+    """world size → {case id: result dict} for the selected cases of that world, computed once per session."""
+    from parity_cases import all_cases_for_world, case_id
+
+    cache: dict[int, _Results] = {}
+
+    def get(world: int) -> _Results:
+        if world not in cache:
+            cases = [(vc, b) for vc, b in all_cases_for_world(world) if case_id(vc, b) in _SELECTED]
+            results = run_cases(cases, world) if cases else []
+            cache[world] = _Results({case_id(vc, b): r for (vc, b), r in zip(cases, results)})
+        return cache[world]
+
+    return get

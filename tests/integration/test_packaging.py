@@ -5,6 +5,7 @@ that working directory, not next to the installed package."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path

@@ -30,6 +30,7 @@ def test_param_bytes_per_rank(parity_results, cid):
     assert got == [expected_param_bytes(vc)] * world
 
 
+@pytest.mark.parity_cases("single-D1-dp4-tiny-rc_none", "tsp-D4-dp1-tiny-rc_none", "tp-D4-dp1-tiny-rc_none")
 def test_tsp_activations_shrink_with_degree(parity_results):
     """Bytes autograd saves in one training forward (parameters excluded), same model and batch: TSP at
     D = 4 stores at most ~1/D of the single-device model's activations (plus a small fixed part: token

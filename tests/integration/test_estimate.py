@@ -98,6 +98,7 @@ def real_runs_4():
 
 
 @pytest.mark.parametrize("scheme,tp,recompute", REAL_CASES_4)
+@pytest.mark.slow
 def test_estimate_matches_real_run_4_ranks(real_runs_4, scheme, tp, recompute):
     real = real_runs_4[(scheme, tp, recompute)]
     par = ParallelConfig(scheme=scheme, degree=4, tp=tp, recompute=recompute)
@@ -166,12 +167,14 @@ def llama_128k():
 
 
 @pytest.mark.parametrize("scheme", ["tsp", "tp", "sp"])
+@pytest.mark.slow
 def test_costmodel_matches_estimate_llama7b_128k(llama_128k, scheme):
     par, rec, _ = llama_128k[scheme]
     model = memory_breakdown(LLAMA7B, par, S128K, 1)
     assert not _within(model, rec["mem_bytes"]), _within(model, rec["mem_bytes"])
 
 
+@pytest.mark.slow
 def test_llama7b_128k_record_and_speed(llama_128k):
     par, rec, wall = llama_128k["tsp"]
     m = rec["metrics"]

@@ -42,7 +42,7 @@ LLAMA7B = ModelConfig(
     name="llama7b", vocab_size=32000, dim=4096, n_layers=32, n_heads=32, n_kv_heads=32, ffn_hidden=16384
 )
 S128K = 131072
-HW_DIR = Path(__file__).resolve().parents[1] / "conf" / "hardware"
+HW_DIR = Path(__file__).resolve().parents[2] / "conf" / "hardware"
 HW_NAMES = ("mi300x", "h100", "h200", "cpu")
 
 

@@ -9,10 +9,13 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
 from proc_util import worker_pids
 
 from tspbench.run.grid import compose_experiment, expand_grid
 from tspbench.run.launch import run_all
+
+pytestmark = pytest.mark.slow  # each test launches two rank groups; one waits out a timeout
 
 FAST = [
     "+exp=smoke",

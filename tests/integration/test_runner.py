@@ -20,7 +20,7 @@ from tspbench.record.store import load, read_records
 from tspbench.run.grid import compose_experiment, expand_grid
 from tspbench.run.launch import run_all
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 FAST = [
     "model.n_layers=1",
     "seq_len=32",
@@ -172,6 +172,7 @@ def test_decode_cannot_be_estimated():
 
 
 # -------------------------------------------------------------------------------- Ctrl-C and resume
+@pytest.mark.slow
 def test_interrupt_keeps_finished_runs_and_resume_skips_them(tmp_path):
     run_dir = tmp_path / "run"
     args = ["+exp=smoke", *FAST, "schemes=[single,tp]", f"hydra.run.dir={run_dir}"]
@@ -232,6 +233,7 @@ def test_interrupt_keeps_finished_runs_and_resume_skips_them(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------ multirun
+@pytest.mark.slow
 def test_multirun_sweep_writes_one_combined_jsonl(tmp_path):
     sweep = tmp_path / "sweep"
     r = run_cli(

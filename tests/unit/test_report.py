@@ -16,7 +16,7 @@ from tspbench.report import build_report
 from tspbench.report import frame as build  # the constants the report prints (CPU_NOTE, NOT_REPRODUCED)
 from tspbench.report.figures import FIGURES
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Serving parity (tspbench/verify_decode.py): every scheme's prefill into a KV cache and four one-token
+"""Serving parity (tspbench/verify/serve.py): every scheme's prefill into a KV cache and four one-token
 decode steps equal the single-device model's logits at those positions, in float64 at tspbench.verify.case.TOL
 (1e-10; a cache only reorders the same sums, ≈1e-15 observed). The group's KV cache holds every token of
 every head exactly once, split 1/degree per rank; broken variants fail the same comparison."""
