@@ -19,25 +19,25 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory) -> Path:
     target = tmp_path_factory.mktemp("site")
+    # A copy of the checkout, so the build leaves nothing (build/, *.egg-info) in the user's tree.
+    src = tmp_path_factory.mktemp("src") / "tspbench"
+    skip = shutil.ignore_patterns(
+        ".git",
+        "build",
+        "*.egg-info",
+        "results",
+        "reports",
+        "outputs",
+        "multirun",
+        "__pycache__",
+        ".benchmarks",
+        ".pytest_cache",
+    )
+    shutil.copytree(ROOT, src, ignore=skip)
     # --no-deps: torch, Hydra, pandas come from this environment; --no-build-isolation: no download of
     # setuptools; a wheel is built and installed (not an editable link to the checkout).
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "-q",
-            "--no-deps",
-            "--no-build-isolation",
-            "--target",
-            str(target),
-            str(ROOT),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    pip = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target", str(target)]
+    proc = subprocess.run([*pip, str(src)], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (target / "tspbench" / "conf" / "config.yaml").exists(), "conf/ is not in the wheel"
     assert (target / "tspbench" / "report" / "templates").is_dir()
