@@ -20,7 +20,7 @@ VOCAB = ("auto", "replicated", "ring")
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
 MODES = ("train", "forward", "decode")
 """train: forward + backward + AdamW; forward: one forward (prefill without a cache); decode: serving, a
-KV-cache prefill of seq_len tokens, then one new token per step (schemes/decode.py)."""
+KV-cache prefill of seq_len tokens, then one new token per step (schemes/ops/decode.py)."""
 
 
 class ConfigError(ValueError):

@@ -9,7 +9,7 @@ scheme are symmetric (same shapes, same collectives), so one rank stands for all
 
 Per rank it returns peak memory with a category breakdown, FLOPs, and the collectives issued for one
 layer (the CommLog records tagged "layer0", the same records the parity tests assert), as a result record
-(tspbench/results.py) with method "estimated": metrics mem_{params,grads,optimizer,activations,temporaries,
+(docs/records.md) with method "estimated": metrics mem_{params,grads,optimizer,activations,temporaries,
 comm_buffers,total}_gib and peak_allocated_gib (= mem_total_gib) at the step's peak, flops_per_step (this
 rank) and flops_per_token, comm_{elems,bytes}_per_layer_{fwd,bwd} (received by this rank for layer 0, CommLog's
 recv_numel convention; bwd includes collectives replayed by recompute), estimate_wall_s and estimate_cpu_s; top-level
@@ -375,7 +375,7 @@ def estimate(
     layers: str = "auto",
 ) -> dict[str, Any]:
     """Per-rank memory, FLOPs and layer-0 collectives of one step, from the real scheme code on fake
-    tensors and a fake process group of par.world_size ranks. Returns a result record (results.py) with
+    tensors and a fake process group of par.world_size ranks. Returns a result record (docs/records.md) with
     method "estimated"; status "oom" when the peak exceeds the hardware profile's memory.
 
     attention: "auto" (= "gpu", or "native" for hardware="cpu"), "gpu" or "native" (module docstring).

@@ -1,6 +1,6 @@
 """Runs without the devices: `execution=estimate` (fake tensors) and `execution=model` (closed form).
 
-Both return records with the schema of a measured run (tspbench/results.py), `method` saying how the numbers
+Both return records with the schema of a measured run (docs/records.md), `method` saying how the numbers
 were obtained, so the summary, pandas and the report treat them alike and never confuse them:
 
     estimated  the scheme code itself on fake tensors + a fake process group (tspbench.predict.estimate): per-rank
@@ -100,7 +100,7 @@ def _modelled(spec: RunSpec, m: dict, mem_total: float, hw, hw_name: str, run_id
 
 def _modelled_decode(spec: RunSpec, hw, hw_name: str, run_id: str | None) -> dict:
     """Serving: memory = the prefill's peak with its KV cache (forward phases + cache of seq_len tokens);
-    time = one decode step (costmodel_time.decode_step_time), dp replicas in parallel."""
+    time = one decode step (costmodel.time.decode_step_time), dp replicas in parallel."""
     from tspbench.predict.costmodel import comm_decode_per_layer, kv_cache_bytes, memory_breakdown
     from tspbench.predict.costmodel.flops import flops_per_token
     from tspbench.predict.costmodel.time import decode_step_time

@@ -14,7 +14,7 @@ CPU_NOTE = "CPU (gloo): checks the machinery, not GPU performance"
 
 
 def base_record(spec: RunSpec, status: str, reason: str | None = None) -> dict[str, Any]:
-    """The identity part of a result record (tspbench/results.py, README.md, "Result records"); the worker
+    """The identity part of a result record (docs/records.md); the worker
     adds metrics, per-rank lists and provenance."""
     par = spec.parallel()
     try:

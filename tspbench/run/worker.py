@@ -10,7 +10,7 @@ from the seed, and runs:
     measured window   sync → measured_steps steps (no sync, no .item()) → sync; time, peak memory and
                       energy are read together at the edges
     breakdown         one more untimed step under MemTracker (per-category peak)
-    gather            every rank's numbers to rank 0, which appends the one record (results.py)
+    gather            every rank's numbers to rank 0, which appends the one record (docs/records.md)
 
 Hydra is never involved here, so the same command runs under a cluster's own
 `torchrun --nnodes N ...` given a spec file whose dp × degree matches the world size.

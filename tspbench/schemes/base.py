@@ -36,8 +36,8 @@ class ParallelModel(nn.Module):
     shards:  local parameter name → Shard
     seq:     the group whose ranks hold different tokens of one replica (None if tokens are replicated)
     dp:      the data-parallel group (None if dp = 1)
-    vocab:   the split embedding / LM head when there is one: a VocabShard (schemes/vocab.py: logits
-             [B, S_loc, V/T], vocabulary-parallel cross-entropy) or a VocabRing (schemes/vocab_ring.py: the
+    vocab:   the split embedding / LM head when there is one: a VocabShard (schemes/ops/vocab.py: logits
+             [B, S_loc, V/T], vocabulary-parallel cross-entropy) or a VocabRing (schemes/ops/vocab_ring.py: the
              head passes hidden states, the cross-entropy runs on the ring); `loss_sum` and `full` either way
     """
 
@@ -80,7 +80,7 @@ class ParallelModel(nn.Module):
         Returns (loss to backward, logits)."""
         logits = self(tokens, positions)
         n_tokens = targets.shape[0] * (self.layout.seq_len if self.layout else targets.shape[1])
-        if self.vocab is not None:  # vocabulary-parallel (schemes/vocab.py) or the TSP ring (vocab_ring.py)
+        if self.vocab is not None:  # vocabulary-parallel (schemes/ops/vocab.py) or the TSP ring (vocab_ring.py)
             return self.vocab.loss_sum(logits, targets) / n_tokens, logits
         return token_loss_sum(logits, targets) / n_tokens, logits
 
@@ -91,7 +91,7 @@ class ParallelModel(nn.Module):
             dist.all_reduce(loss, group=self.seq.group)
         return loss
 
-    # ---- serving (schemes/decode.py) ---------------------------------------------------------------
+    # ---- serving (schemes/ops/decode.py) ---------------------------------------------------------------
     def start_kv_cache(self, new_tokens: int = 0) -> None:
         """Empty KV caches: the next forward (this scheme's token layout, no grad) is the prefill. Room for
         `new_tokens` decoded tokens is reserved with it (a rank of a token-sharded cache gets a 1/group share,
@@ -101,7 +101,7 @@ class ParallelModel(nn.Module):
         self._set_decoding(False)
 
     def _set_decoding(self, on: bool) -> None:
-        """Switch every module with a decode path (f/g on one replicated token; schemes/decode.py) and hand
+        """Switch every module with a decode path (f/g on one replicated token; schemes/ops/decode.py) and hand
         them the shared DecodeState."""
         from tspbench.schemes.ops.decode import DecodeState
 

@@ -44,7 +44,7 @@ from tspbench.schemes.ops.sharding import (
 
 class SPAttention(nn.Module):
     """All heads, local tokens; the only change from the reference is where K/V come from. Serving: the
-    prefill caches the local tokens' K/V; decode merges the ranks' partial attentions (schemes/decode.py)."""
+    prefill caches the local tokens' K/V; decode merges the ranks' partial attentions (schemes/ops/decode.py)."""
 
     decoding = False
     kv: LayerKV | None = None

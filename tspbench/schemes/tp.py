@@ -10,7 +10,7 @@ Communication per layer (B·S·h elements each):
     volume    4·B·S·h·(T−1)/T received per rank forward (docs/method.md#communication), the same backward.
 Tokens are replicated: every rank runs norms and residuals on the full sequence, so the (replicated) norm
 weights get identical gradients and need no reduction. Embedding and LM head are split by vocabulary
-(schemes/vocab.py): one more all-reduce after the embedding, the LM head's f, and three B·S-scalar
+(schemes/ops/vocab.py): one more all-reduce after the embedding, the LM head's f, and three B·S-scalar
 all-reduces in the cross-entropy; the logits stay [B, S, V/T].
 """
 

@@ -10,7 +10,7 @@ Communication per layer (B·S·h elements each):
     forward   attention: all-gather in, reduce-scatter out; MLP: the same → 2 AG + 2 RS
     backward  the duals: reduce-scatter for each all-gather, all-gather for each reduce-scatter
     volume    4·B·S·h·(T−1)/T received per rank forward (docs/method.md#communication), the same backward.
-Embedding and LM head are split by vocabulary, as in Megatron (schemes/vocab.py): the embedding takes the
+Embedding and LM head are split by vocabulary, as in Megatron (schemes/ops/vocab.py): the embedding takes the
 whole sequence's token ids and reduce-scatters its partial lookups into the sequence-sharded residual stream;
 the head all-gathers the final norm's output and produces [B, S, V/T] logits, so the cross-entropy (and the
 loss) is over the whole sequence and replicated over the group, exactly as in tp.

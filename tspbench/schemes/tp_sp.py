@@ -15,7 +15,7 @@ a head shard):
     backward  tp: 2 all-reduces of a (the f's: attention and MLP inputs)   the same
               sp: 2 reduce-scatters, input n (dK, dV) — or Σ−1 reverse hops
     volume    4·B·(S/Σ)·h·(T−1)/T + 2·B·S·(h/(g·T))·(Σ−1)/Σ per rank forward (docs/method.md#communication).
-Embedding and LM head are split by vocabulary over tp (schemes/vocab.py; replicated when T = 1, as in sp):
+Embedding and LM head are split by vocabulary over tp (schemes/ops/vocab.py; replicated when T = 1, as in sp):
 logits [B, S/Σ, V/T]; the cross-entropy's all-reduces run over tp, the loss shares sum over sp.
 Each weight shard (and each vocabulary slice and replicated norm weight) is used by the Σ ranks of an sp
 group on different tokens, so its gradient is summed over sp after backward (finish_grad_sync).

@@ -18,7 +18,7 @@ all-gather). The MLP re-circulates the weights and a gradient accumulator travel
 up every rank's partial dW and arriving summed at the owner after D−1 hops (a ring reduce-scatter). dX
 stays local. Norms, embedding and LM head are replicated and run on local tokens (docs/method.md#choice-embedding),
 so their gradients are all-reduced over the group; with vocab=ring the embedding and LM head are sharded 1/D and
-travel the same weight ring as the MLP (schemes/vocab_ring.py, docs/method.md#choice-embedding).
+travel the same weight ring as the MLP (schemes/ops/vocab_ring.py, docs/method.md#choice-embedding).
 
 Communication per layer per rank, forward (elements received; W = (2+2/g+3F)·h² weights, K = 2·B·S·h/g):
     D broadcasts of (2+2/g)·h²/D  +  D−1 ring hops of 3F·h²/D   → W·(D−1)/D
@@ -57,7 +57,7 @@ from tspbench.schemes.ops.vocab_ring import ring_vocab
 
 # ---- attention: broadcast loop + K/V all-gather -------------------------------------------------------
 class TSPAttention(nn.Module):
-    """Serving (schemes/decode.py): the prefill caches each owner step's K/V of the local tokens, so a rank
+    """Serving (schemes/ops/decode.py): the prefill caches each owner step's K/V of the local tokens, so a rank
     holds every head of its 1/D of the tokens; decode keeps the weights in place, all-gathers the new
     token's queries over heads and merges the ranks' partial attentions back onto the head owners."""
 
@@ -121,7 +121,7 @@ class TSPAttention(nn.Module):
 class _RingMLP(torch.autograd.Function):
     """Y = Σ_t SwiGLU(X; shard (p−t) mod D), shards hopping p → p+1 while the current one computes.
     Backward re-circulates the shards; a gradient accumulator follows each one and lands on its owner
-    (schemes/ring.py)."""
+    (schemes/ops/ring.py)."""
 
     @staticmethod
     def forward(ctx, x, w_gate, w_up, w_down, comm: Comm):

@@ -2,7 +2,7 @@
 
 `python -m tspbench.verify scheme=tsp degree=4 decode_steps=4` runs, on each rank group: the scheme's forward
 over the first seq_len tokens with a KV cache (the prefill, in the scheme's own token layout), then
-`decode_steps` single-token steps at positions seq_len, seq_len+1, … (schemes/decode.py). The reference is
+`decode_steps` single-token steps at positions seq_len, seq_len+1, … (schemes/ops/decode.py). The reference is
 one full forward of the single-device model over all seq_len + decode_steps tokens: the prefill logits must
 equal its first seq_len positions and each decode step's logits its position, within the dtype tolerance of
 tspbench.verify.parity (a KV cache only changes the order of the same sums). Also recorded: each rank's KV-cache

@@ -75,7 +75,7 @@ def comm_embed_head(
     model: ModelConfig, par: ParallelConfig, seq_len: int, batch: int, *, mode: str = "forward"
 ) -> dict[str, dict[str, float]]:
     """Elements received per device per step by the vocabulary-parallel embedding ("embed") and LM head +
-    cross-entropy ("head"), forward and backward (tspbench/schemes/vocab.py); zero where the vocabulary is
+    cross-entropy ("head"), forward and backward (tspbench/schemes/ops/vocab.py); zero where the vocabulary is
     replicated (sp, tsp, tp_sp with T = 1). With T the tensor degree, N = B·S tokens, n = N/Σ local tokens:
         tp, tp_sp   embed  fwd all-reduce of [n, h]               2·n·h·(T−1)/T;  bwd nothing (g's dual)
                     head   fwd 3 all-reduces of n scalars (max, Σexp, target logit)  6·n·(T−1)/T;
@@ -113,7 +113,7 @@ def comm_embed_head(
 
 
 def comm_decode_per_layer(model: ModelConfig, par: ParallelConfig, batch: int) -> float:
-    """Elements received per device per layer in one decode step (tspbench/schemes/decode.py): B new tokens,
+    """Elements received per device per layer in one decode step (tspbench/schemes/ops/decode.py): B new tokens,
     replicated on the group; the KV cache never moves.
         tp, tp_msp (T)  2 all-reduces of [B, h] (f/g)                              4·B·h·(T−1)/T
         sp (Σ)          merge: all-reduce of max and denominator [B, n_h] and

@@ -5,7 +5,7 @@ Nothing here is fitted to the paper. Every term is written out with its source.
 Memory (`memory_phases`, `memory_breakdown`): the peak of one step of tspbench's own code, as a maximum over
 the moments where it can fall (loss backward, the first and last layer's backward, embedding backward,
 gradient sync, optimizer step), each with its live categories. The terms are read off the code and checked
-against the fake-tensor estimate (tspbench/estimate.py, which runs the scheme code itself on the target
+against the fake-tensor estimate (tspbench/predict/estimate.py, which runs the scheme code itself on the target
 shapes): it agrees to < 0.1% for llama7b, 16K and 128K, D = 8, every scheme, and to a few % on small GQA
 models, B > 1, fp32 and dp > 1 (tests/test_estimate.py). Per layer without recompute a rank saves (per
 token of its residual stream / GEMM input, b = dtype bytes): two RMSNorms at 4h + b·h bytes (fp32 input
@@ -36,7 +36,7 @@ MEMORY_KEYS = ("params", "grads", "optimizer", "activations", "temporaries", "co
 
 # ---------------------------------------------------------------------------------------------- memory
 # Every term below is what tspbench's code allocates (checked op by op against the fake-tensor estimate,
-# tspbench/estimate.py, which runs the scheme code itself): `b` = bytes of the run dtype, `bg` of the
+# tspbench/predict/estimate.py, which runs the scheme code itself): `b` = bytes of the run dtype, `bg` of the
 # gradients, per-token sizes are per rank. SDPA is the GPU flash kernel (memory-efficient for fp32): it saves
 # Q, K, V, the output and an fp32 log-sum-exp, nothing S×S.
 @dataclass(frozen=True)
@@ -199,7 +199,7 @@ def head_saved_bytes(
 
 
 def kv_cache_bytes(model: ModelConfig, par: ParallelConfig, seq_len: int, batch: int, dtype: str = "bfloat16") -> float:
-    """One rank's KV cache for seq_len tokens (schemes/decode.py): K and V of every layer, 2·L·B·S·(h/g)·b
+    """One rank's KV cache for seq_len tokens (schemes/ops/decode.py): K and V of every layer, 2·L·B·S·(h/g)·b
     per replica, split by heads over T (tp, tp_msp, tp_sp) and by tokens over Σ or D (sp, tp_sp, tsp), i.e.
     ÷ degree in every scheme (tsp: every head of its own 1/D of the tokens)."""
     geo, b = geometry(par, seq_len, batch), BYTES[dtype]

@@ -206,7 +206,7 @@ def step_time(
 
 
 def decode_collectives(model: ModelConfig, par: ParallelConfig, batch: int) -> list[tuple[str, int, float, int, int]]:
-    """One layer of one decode step (schemes/decode.py), in `layer_collectives`' format; received volume
+    """One layer of one decode step (schemes/ops/decode.py), in `layer_collectives`' format; received volume
     = costmodel.comm_decode_per_layer."""
     lay, h, n_h, d, b, s = layout(par), model.dim, model.n_heads, model.head_dim, batch, par.scheme
     out: list[tuple[str, int, float, int, int]] = []

@@ -17,7 +17,7 @@ from tspbench.schemes.ops.decode import decode_attend
 
 class TPAttention(nn.Module):
     """Heads split over the tensor group. `enter`/`exit` are the region mappings; tp_msp and tp_sp
-    subclass this and change only them. Serving (schemes/decode.py): `kv` caches this rank's heads during
+    subclass this and change only them. Serving (schemes/ops/decode.py): `kv` caches this rank's heads during
     the prefill; with `decoding` set, one replicated token attends to the cache (Megatron's f and g)."""
 
     decoding = False

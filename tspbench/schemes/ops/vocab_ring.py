@@ -1,5 +1,5 @@
 """TSP with `vocab=ring` (docs/method.md#choice-embedding): the embedding and the LM head are sharded 1/D by vocabulary
-like every other TSP weight, and meet the local tokens on the same weight ring as the MLP (schemes/ring.py).
+like every other TSP weight, and meet the local tokens on the same weight ring as the MLP (schemes/ops/ring.py).
 
 Maths. Rank p holds rows [p·V/D, (p+1)·V/D) of the embedding E and of the LM head W, and 1/D of the tokens.
     embedding   x = Σ_t E_{(p−t) mod D}[token], a token outside the shard contributing a zero row: D ring
