@@ -9,6 +9,7 @@ tspbench.run.launch from a frozen spec file. `--help` lists every option with it
 from __future__ import annotations
 
 import sys
+import typing
 from pathlib import Path
 
 import hydra
@@ -52,7 +53,7 @@ def main(cfg: DictConfig) -> None:
     from tspbench.record.tables import breakdown_table, summary_table
     from tspbench.run.launch import run_all
 
-    exp: ExperimentConfig = OmegaConf.to_object(cfg)
+    exp = typing.cast(ExperimentConfig, OmegaConf.to_object(cfg))
     run_dir = Path(exp.resume_dir or HydraConfig.get().runtime.output_dir).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     try:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import typing
 
 import torch
 import torch.nn.functional as F
@@ -133,10 +134,11 @@ class LayerKV:
                     buf[:, :, : self.length] = old[:, :, : self.length]
                 bufs.append(buf)
             self._k, self._v = bufs
+        assert self._k is not None and self._v is not None
         self._k[:, :, self.length : end] = k.detach()
         self._v[:, :, self.length : end] = v.detach()
         self.length = end
-        return self.k, self.v
+        return self._k[:, :, :end], self._v[:, :, :end]
 
     def nbytes(self) -> int:
         """Bytes of the cached tokens (the cache's contents)."""
@@ -222,13 +224,18 @@ class Transformer(nn.Module):
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.lm_head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
 
+    @property
+    def blocks(self) -> list[Block]:
+        """The decoder blocks, typed (ModuleList iteration is typed as plain Modules)."""
+        return typing.cast(list[Block], list(self.layers))
+
     def start_kv_cache(self, reserve: int = 0) -> list[LayerKV]:
         """Give every attention an empty KV cache: the next forward is the prefill, each later one decodes
         (call with the new tokens and their global positions, under torch.no_grad). `reserve`: room for that
         many more tokens per layer, allocated with the prefill."""
         caches = [LayerKV(reserve) for _ in self.layers]
-        for block, kv in zip(self.layers, caches):
-            block.attention.kv = kv
+        for block, kv in zip(self.blocks, caches):
+            block.attention.kv = kv  # type: ignore[assignment]  # a plain attribute; Module.__setattr__ is typed for tensors
         return caches
 
     @torch.no_grad()

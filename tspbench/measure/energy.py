@@ -142,9 +142,10 @@ class EnergyMeter:
             j = (mj1 - self.mj0) / 1e3
             return EnergyResult(j, j / dt if dt > 0 else None, "counter", self.reason, timeline)
         if timeline:
-            j = _integrate(timeline, dt)
+            sampled = _integrate(timeline, dt)
             why = self.reason or "energy counter went backwards; integrated from power samples"
-            return EnergyResult(j, j / dt if j is not None and dt > 0 else None, "sampled", why, timeline)
+            power = sampled / dt if sampled is not None and dt > 0 else None
+            return EnergyResult(sampled, power, "sampled", why, timeline)
         return EnergyResult(None, None, None, self.reason or "no power readings", None)
 
 

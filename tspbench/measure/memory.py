@@ -128,7 +128,7 @@ def _mem_tracker(step, module, optimizer, device) -> dict[str, Any]:
     if dev is None:
         raise RuntimeError(f"no {device.type} entry in MemTracker's snapshot")
     by_cat = {CATEGORIES.get(getattr(k, "value", k), str(k)): v for k, v in snap[dev].items() if k != "Total"}
-    out = {
+    out: dict[str, Any] = {
         f"mem_{c}_gib": by_cat.get(c, 0) / GIB for c in ("params", "grads", "optimizer", "activations", "temporaries")
     }
     out["mem_other_gib"] = (by_cat.get("buffers", 0) + by_cat.get("other", 0)) / GIB

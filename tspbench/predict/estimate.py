@@ -226,11 +226,12 @@ def trace_step(
         params = list(pm.parameters())
         tracker.own(params, "params")
         hooks = []
-        for i, block in enumerate(pm.module.layers):
+        for i, block in enumerate(pm.module.blocks):
             hooks.append(block.register_forward_pre_hook(lambda m, a, i=i: fwd_mark(f"fwd{i}")))
             hooks.append(block.register_forward_hook(lambda m, a, out, i=i: bwd_mark_on(out, f"bwd{i}")))
         hooks.append(pm.module.norm.register_forward_pre_hook(lambda m, a: fwd_mark("head")))
         hooks.append(pm.module.embed.register_forward_hook(lambda m, a, out: bwd_mark_on(out, "embed_bwd")))
+        assert targets is not None
         tok, tgt, pos = pm.local_batch(tokens, targets)
         opt = None
         if train:
@@ -244,7 +245,7 @@ def trace_step(
         log.clear()
         tracker.mark("step")
         tracker.counting = in_fwd[0] = True
-        if train:
+        if opt is not None:
             loss, logits = pm.loss(tok, tgt, pos)
             del logits
             in_fwd[0] = False

@@ -31,6 +31,7 @@ CPU runs and tspbench.predict.gpu_check), so the two are compared one to one.
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 import threading
 import weakref
@@ -140,9 +141,12 @@ class MemoryTracker(TorchDispatchMode):
                 return rec
             rec = _Storage(nbytes, self.clock)
             self.storages.append(rec)
-            self.live[key] = (rec, weakref.ref(st, lambda _r, key=key: self._release(key)))
+            self.live[key] = (rec, weakref.ref(st, functools.partial(self._on_free, key)))
             self._event(nbytes)
             return rec
+
+    def _on_free(self, key: int, _ref: object) -> None:
+        self._release(key)
 
     def _release(self, key: int) -> None:
         with self._lock:

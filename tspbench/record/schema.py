@@ -17,6 +17,8 @@ def base_record(spec: RunSpec, status: str, reason: str | None = None) -> dict[s
     """The identity part of a result record (docs/records.md); the worker
     adds metrics, per-rank lists and provenance."""
     par = spec.parallel()
+    tp_degree: int | None
+    sp_degree: int | None
     try:
         tp_degree, sp_degree = par.tp_degree, par.sp_degree
     except Exception:  # noqa: BLE001 - an invalid layout still gets a record

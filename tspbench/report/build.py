@@ -84,7 +84,8 @@ def failure_rows(df: pd.DataFrame) -> list[dict]:
 
 def provenance_rows(df: pd.DataFrame) -> tuple[list[dict], list[dict]]:
     """(one row per run, one entry per distinct resolved config with the runs that used it)."""
-    runs, configs = [], {}
+    runs: list[dict] = []
+    configs: dict[str, list[str]] = {}
     for r in records(df):
         p = r["provenance"] or {}
         commit = str(p.get("git_commit") or "—")[:12] + (" (dirty)" if p.get("git_dirty") else "")

@@ -40,7 +40,7 @@ def _same(a: Any, b: Any) -> bool:
 def _layout(r: dict) -> tuple[Any, Any]:
     """(T, Σ) of a record, filling the ones its scheme implies when the record leaves them out."""
     d = r.get("degree")
-    implied = {"single": (1, 1), "tp": (d, 1), "tp_msp": (d, 1), "sp": (1, d)}.get(r.get("scheme"), (None, None))
+    implied = {"single": (1, 1), "tp": (d, 1), "tp_msp": (d, 1), "sp": (1, d)}.get(str(r.get("scheme")), (None, None))
     return (
         r.get("tp_degree") if r.get("tp_degree") is not None else implied[0],
         r.get("sp_degree") if r.get("sp_degree") is not None else implied[1],
@@ -109,15 +109,16 @@ def _values(claim: dict, r: dict, rows: list[dict]) -> list[tuple[float, str]]:
 
 def describe_claim(c: dict) -> str:
     """A readable name for a claim, e.g. "TSP D=8 memory, S=128K, 8 GPUs (mi300x)"."""
-    kind = {"ratio": "speed-up"}.get(c.get("kind"), c.get("kind")) or {
+    kind = {"ratio": "speed-up"}.get(str(c.get("kind")), c.get("kind")) or {
         "GB": "memory",
         "tokens/s": "throughput",
         "x": "speed-up",
-    }.get(c.get("unit"), "")
+    }.get(str(c.get("unit")), "")
     what = scheme_label(
         {"scheme": c.get("scheme"), "degree": c.get("degree"), "tp_degree": c.get("tp"), "sp_degree": c.get("sp")}
     )
-    gpus = f", {int(num(c['n_gpus']))} GPUs" if num(c.get("n_gpus")) else ""
+    n_gpus = num(c.get("n_gpus"))
+    gpus = f", {int(n_gpus)} GPUs" if n_gpus else ""
     hw = f" ({c['hardware']})" if c.get("hardware") else ""
     return f"{what} {kind}, S={fmt_seq(c.get('seq_len'))}{gpus}{hw}"
 
@@ -128,7 +129,7 @@ def claims_table(claims: list[dict], df: pd.DataFrame) -> list[dict]:
     rows = records(df)
     out = []
     for c in claims:
-        base = {
+        base: dict[str, Any] = {
             "id": c.get("id"),
             "claim": describe_claim(c),
             "tag": c.get("label") or "",

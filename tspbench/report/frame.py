@@ -98,7 +98,7 @@ def dedupe(records: Iterable[dict]) -> list[dict]:
 def scheme_label(row: dict) -> str:
     """Scheme plus its layout, e.g. "TSP D=8", "TP×SP T=4·Σ=2" (paper notation, docs/method.md#notation)."""
     s, d = row.get("scheme"), num(row.get("degree"))
-    name = SCHEME_NAMES.get(s, str(s or "?"))
+    name = SCHEME_NAMES.get(str(s), str(s or "?"))
     di = "" if d is None else str(int(d))
     if s in ("tp", "tp_msp"):
         lay = f"T={di}"
@@ -146,7 +146,7 @@ def peak_memory(row: dict) -> tuple[float | None, str]:
         ("device_used_gib", "device used"),
     )
     if row.get("method") in ("estimated", "modelled"):
-        order = (("mem_total_gib", "predicted peak"), order[0], order[1])
+        order = (("mem_total_gib", "predicted peak"), order[0], order[1], order[3])
     for key, what in order:
         if num(row.get(key)) is not None:
             return num(row[key]), what
@@ -158,7 +158,8 @@ def flatten(rec: dict) -> dict:
     rank_*, provenance kept whole; then the derived fields every table and figure uses."""
 
     def sub(key: str) -> dict:  # a nested block, or {} when missing/null/malformed
-        return rec.get(key) if isinstance(rec.get(key), dict) else {}
+        value = rec.get(key)
+        return value if isinstance(value, dict) else {}
 
     row = {k: v for k, v in rec.items() if not isinstance(v, dict)}
     for k, v in sub("metrics").items():

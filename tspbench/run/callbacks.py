@@ -9,6 +9,7 @@ prints the summary table and the path. Registered in conf/config.yaml under `hyd
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 
-def combine(sweep_dir: Path, extra: list[Path] = ()) -> Path:
+def combine(sweep_dir: Path, extra: Sequence[Path] = ()) -> Path:
     """Concatenate every job's results.jsonl under `sweep_dir` (plus `extra` files) into
     `<sweep_dir>/results.jsonl` (atomic replace). Returns its path."""
     from tspbench.record.store import RESULTS_FILE

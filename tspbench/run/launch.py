@@ -114,7 +114,7 @@ def latest_records(results_file: Path, run_ids: list[str]) -> list[dict]:
     """The last record of each run_id (a run may be recorded more than once: failed, then ok)."""
     last: dict[str, dict] = {}
     for r in read_records([results_file]):
-        last[r.get("run_id")] = r
+        last[str(r.get("run_id"))] = r
     return [last[i] for i in run_ids if i in last]
 
 
@@ -299,7 +299,7 @@ def run_measured(spec: RunSpec, run_dir: Path, on_step: Callable | None = None) 
     if mine:
         return mine[-1]  # rank 0 wrote the ok record
     root = None
-    if status is None:
+    if status is None or reason is None:
         status, reason, root = _classify_exit(spec, proc.returncode)
     return _record(results, _failure_record(spec, status, reason, log_file, root))
 

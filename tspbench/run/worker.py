@@ -127,7 +127,7 @@ def benchmark(spec: RunSpec, device: torch.device, rank: int, world: int) -> dic
             position[0] += 1
             pm.decode(tokens[:, p : p + 1], p)
             return None
-        if train:
+        if opt is not None:
             loss = pm.loss(tok, tgt, pos)[0]  # logits not kept alive through backward
             loss.backward()
             pm.finish_grad_sync()
@@ -250,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     dist.init_process_group(
         "nccl" if device.type == "cuda" else "gloo",
         timeout=timedelta(seconds=max(60.0, spec.timeout_s)),
-        **({"device_id": device} if device.type == "cuda" else {}),
+        device_id=device if device.type == "cuda" else None,
     )
     try:
         record = benchmark(spec, device, rank, world)

@@ -55,7 +55,7 @@ class ParallelModel(nn.Module):
         super().__init__()
         self.module, self.par, self.shards = module, par, shards
         self.layout, self.seq, self.dp, self.log, self.vocab = layout, seq, dp, log, vocab
-        for i, block in enumerate(module.layers):  # tag every collective with its layer
+        for i, block in enumerate(module.blocks):  # tag every collective with its layer
             block.register_forward_pre_hook(lambda m, a, i=i: setattr(self.log, "tag", f"layer{i}"))
         module.norm.register_forward_pre_hook(lambda m, a: setattr(self.log, "tag", "head"))
         module.embed.register_forward_pre_hook(lambda m, a: setattr(self.log, "tag", "embed"))
@@ -103,11 +103,11 @@ class ParallelModel(nn.Module):
     def _set_decoding(self, on: bool) -> None:
         """Switch every module with a decode path (f/g on one replicated token; schemes/ops/decode.py) and hand
         them the shared DecodeState."""
-        from tspbench.schemes.ops.decode import DecodeState
+        from tspbench.schemes.ops.decode import Decodable, DecodeState
 
         self.decode_state = getattr(self, "decode_state", None) or DecodeState()
         for m in self.module.modules():
-            if hasattr(m, "decoding"):
+            if isinstance(m, Decodable):
                 m.decoding, m.decode_state = on, self.decode_state
         self.decoding = on
 
@@ -165,7 +165,7 @@ class ParallelModel(nn.Module):
     # ---- back to full shape (verification) --------------------------------------------------------
     def unshard(self, name: str, t: torch.Tensor) -> torch.Tensor:
         s = self.shards[name]
-        if s.comm is None:
+        if s.comm is None or s.dim is None:
             return t
         return s.comm.all_gather(t, s.dim)
 

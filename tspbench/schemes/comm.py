@@ -255,12 +255,14 @@ def _shift(x: torch.Tensor, comm: Comm, offset: int) -> torch.Tensor:
     return recv
 
 
-def copy_to_region(x: torch.Tensor, comm: Comm) -> torch.Tensor:
-    return _CopyToRegion.apply(x, comm)
+def copy_to_region(x: torch.Tensor, comm: Comm | None) -> torch.Tensor:
+    """f. `comm` None (a one-rank group, e.g. tp_sp with T = 1): the identity, as Megatron's mappings."""
+    return x if comm is None else _CopyToRegion.apply(x, comm)
 
 
-def reduce_from_region(x: torch.Tensor, comm: Comm) -> torch.Tensor:
-    return _ReduceFromRegion.apply(x, comm)
+def reduce_from_region(x: torch.Tensor, comm: Comm | None) -> torch.Tensor:
+    """g. `comm` None (a one-rank group): the identity."""
+    return x if comm is None else _ReduceFromRegion.apply(x, comm)
 
 
 def gather_from_sequence(x: torch.Tensor, comm: Comm, dim: int) -> torch.Tensor:

@@ -29,7 +29,7 @@ from tspbench.config import ModelConfig, ParallelConfig
 from tspbench.model import LayerKV, project_qkv
 from tspbench.schemes.base import ParallelModel
 from tspbench.schemes.comm import Comm
-from tspbench.schemes.ops.decode import decode_attend
+from tspbench.schemes.ops.decode import Decodable, decode_attend
 from tspbench.schemes.ops.kv_exchange import attend_sequence
 from tspbench.schemes.ops.layout import SeqLayout
 from tspbench.schemes.ops.sharding import (
@@ -42,11 +42,10 @@ from tspbench.schemes.ops.sharding import (
 )
 
 
-class SPAttention(nn.Module):
+class SPAttention(nn.Module, Decodable):
     """All heads, local tokens; the only change from the reference is where K/V come from. Serving: the
     prefill caches the local tokens' K/V; decode merges the ranks' partial attentions (schemes/ops/decode.py)."""
 
-    decoding = False
     kv: LayerKV | None = None
 
     def __init__(
@@ -73,10 +72,10 @@ class SPAttention(nn.Module):
 
 
 def apply(cfg: ModelConfig, par: ParallelConfig, args: ApplyArgs) -> ParallelModel:
-    comm = args.comm("sp")
+    comm = args.need("sp")
     layout = SeqLayout(args.seq_len, comm.size, comm.rank, zigzag=True)
-    module, shards = meta_model(cfg, par.recompute), {}
-    for block in module.layers:  # MLP, norms: token-wise, the reference modules as they are
+    module, shards = meta_model(cfg, par.recompute)
+    for block in module.blocks:  # MLP, norms: token-wise, the reference modules as they are
         block.attention = SPAttention(
             replicated_weights(block.attention, ATTN_SPLIT), comm, layout, cfg, par.sp_variant
         )

@@ -32,9 +32,9 @@ from tspbench.schemes.ops.vocab import shard_vocab
 
 
 def apply(cfg: ModelConfig, par: ParallelConfig, args: ApplyArgs) -> ParallelModel:
-    comm = args.comm("tp")
-    module, shards = meta_model(cfg, par.recompute), {}
-    for i, block in enumerate(module.layers):
+    comm = args.need("tp")
+    module, shards = meta_model(cfg, par.recompute)
+    for i, block in enumerate(module.blocks):
         block.attention = TPAttention(
             shard_block_weights(block.attention, f"layers.{i}.attention", ATTN_SPLIT, comm, args, shards), comm, cfg
         )

@@ -43,10 +43,12 @@ class MSPAttention(TPAttention):
     """TP attention whose entry gathers the sequence and whose exit reduce-scatters it."""
 
     def enter(self, x, positions):
+        assert self.comm is not None  # tp_msp's tensor group always has T ≥ 2 ranks
         x = gather_from_sequence(x, self.comm, dim=1)  # [B, S/T, h] → [B, S, h]
         return x, torch.arange(x.shape[1], device=x.device)  # contiguous shards: logical order
 
     def exit(self, y):
+        assert self.comm is not None
         return reduce_scatter_to_sequence(y, self.comm, dim=1)  # Σ over head shards, keep my S/T
 
     # decode: TPAttention.decode (f and g on the replicated token; sequence parallelism off, as in Megatron)
@@ -56,18 +58,20 @@ class MSPMLP(TPMLP):
     def enter(self, x):
         if self.decoding:  # one replicated token: plain TP
             return super().enter(x)
+        assert self.comm is not None
         return gather_from_sequence(x, self.comm, dim=1)
 
     def exit(self, y):
         if self.decoding:
             return super().exit(y)
+        assert self.comm is not None
         return reduce_scatter_to_sequence(y, self.comm, dim=1)
 
 
 def apply(cfg: ModelConfig, par: ParallelConfig, args: ApplyArgs) -> ParallelModel:
-    comm = args.comm("tp")
-    module, shards = meta_model(cfg, par.recompute), {}
-    for i, block in enumerate(module.layers):
+    comm = args.need("tp")
+    module, shards = meta_model(cfg, par.recompute)
+    for i, block in enumerate(module.blocks):
         block.attention = MSPAttention(
             shard_block_weights(block.attention, f"layers.{i}.attention", ATTN_SPLIT, comm, args, shards), comm, cfg
         )

@@ -25,12 +25,11 @@ collectives of that axis are skipped.
 
 from __future__ import annotations
 
-import torch
 from torch import nn
 
 from tspbench.config import ModelConfig, ParallelConfig
 from tspbench.schemes.base import ParallelModel
-from tspbench.schemes.comm import Comm, copy_to_region, reduce_from_region
+from tspbench.schemes.comm import Comm
 from tspbench.schemes.ops.kv_exchange import attend_sequence
 from tspbench.schemes.ops.layout import SeqLayout
 from tspbench.schemes.ops.sharding import (
@@ -48,18 +47,9 @@ from tspbench.schemes.ops.tensor_parallel import TPMLP, TPAttention
 from tspbench.schemes.ops.vocab import shard_vocab
 
 
-def _f(x: torch.Tensor, comm: Comm | None) -> torch.Tensor:
-    """copy_to_region (identity fwd / all-reduce bwd), skipped when the tp axis has size 1."""
-    return x if comm is None else copy_to_region(x, comm)
-
-
-def _g(y: torch.Tensor, comm: Comm | None) -> torch.Tensor:
-    """reduce_from_region (all-reduce fwd / identity bwd), skipped when the tp axis has size 1."""
-    return y if comm is None else reduce_from_region(y, comm)
-
-
 class TPSPAttention(TPAttention):
-    """TP attention (heads over tp, f on entry, g on exit) whose K/V come from the sp group, as in SP."""
+    """TP attention (heads over tp, f on entry, g on exit, on the local tokens) whose K/V come from the sp group,
+    as in SP. With T = 1 the tp group is None and f, g are the identity."""
 
     def __init__(
         self,
@@ -74,25 +64,9 @@ class TPSPAttention(TPAttention):
         self.sp, self.layout, self.variant = sp, layout, variant
         self.seq_comm = sp  # decode: the cache's tokens are sharded over sp
 
-    def enter(self, x, positions):
-        return _f(x, self.comm), positions  # [B, S/Σ, h]: local tokens at global positions
-
-    def exit(self, y):
-        return _g(y, self.comm)  # Σ over the T head shards, local tokens only
-
     def attend(self, q, k, v):
         # q: [B, n_h/T, S/Σ, d]; k, v: [B, n_kv/T, S/Σ, d] → [B, n_h/T, S/Σ, d]
         return attend_sequence(q, k, v, self.sp, self.layout, self.variant)
-
-
-class TPSPMLP(TPMLP):
-    """TP's MLP on the local tokens (token-wise, so the sp axis never communicates here)."""
-
-    def enter(self, x):
-        return _f(x, self.comm)
-
-    def exit(self, y):
-        return _g(y, self.comm)
 
 
 def _block_weights(
@@ -114,11 +88,11 @@ def _block_weights(
 def apply(cfg: ModelConfig, par: ParallelConfig, args: ApplyArgs) -> ParallelModel:
     tp, sp = args.comm("tp"), args.comm("sp")
     layout = SeqLayout(args.seq_len, sp.size if sp else 1, sp.rank if sp else 0, zigzag=True)
-    module, shards = meta_model(cfg, par.recompute), {}
-    for i, block in enumerate(module.layers):
+    module, shards = meta_model(cfg, par.recompute)
+    for i, block in enumerate(module.blocks):
         aw = _block_weights(block.attention, f"layers.{i}.attention", ATTN_SPLIT, tp, args, shards, sp)
         block.attention = TPSPAttention(aw, tp, sp, layout, cfg, par.sp_variant)
-        block.mlp = TPSPMLP(_block_weights(block.mlp, f"layers.{i}.mlp", MLP_SPLIT, tp, args, shards, sp), tp)
+        block.mlp = TPMLP(_block_weights(block.mlp, f"layers.{i}.mlp", MLP_SPLIT, tp, args, shards, sp), tp)
     vocab = (
         shard_vocab(module, cfg, tp, args, shards, grad_sum=sp, sequence_parallel=False)
         if tp and par.vocab_degree > 1

@@ -40,7 +40,7 @@ from tspbench.config import ModelConfig, ParallelConfig
 from tspbench.model import LayerKV, project_qkv, swiglu
 from tspbench.schemes.base import ParallelModel
 from tspbench.schemes.comm import Comm, broadcast_from_owner, gather_from_sequence, reduce_from_region
-from tspbench.schemes.ops.decode import decode_attend
+from tspbench.schemes.ops.decode import Decodable, decode_attend
 from tspbench.schemes.ops.layout import SeqLayout, attend_shard
 from tspbench.schemes.ops.ring import pack, ring_backward, ring_forward, unpack
 from tspbench.schemes.ops.sharding import (
@@ -56,12 +56,11 @@ from tspbench.schemes.ops.vocab_ring import ring_vocab
 
 
 # ---- attention: broadcast loop + K/V all-gather -------------------------------------------------------
-class TSPAttention(nn.Module):
+class TSPAttention(nn.Module, Decodable):
     """Serving (schemes/ops/decode.py): the prefill caches each owner step's K/V of the local tokens, so a rank
     holds every head of its 1/D of the tokens; decode keeps the weights in place, all-gathers the new
     token's queries over heads and merges the ranks' partial attentions back onto the head owners."""
 
-    decoding = False
     kv: LayerKV | None = None
 
     def __init__(self, w: dict[str, nn.Parameter], comm: Comm, layout: SeqLayout, cfg: ModelConfig):
@@ -163,9 +162,7 @@ def _swiglu_grads(x, ws, dy):
     return grads[0], list(grads[1:])
 
 
-class TSPMLP(nn.Module):
-    decoding = False
-
+class TSPMLP(nn.Module, Decodable):
     def __init__(self, w: dict[str, nn.Parameter], comm: Comm):
         super().__init__()
         self.w_gate, self.w_up, self.w_down = w["w_gate"], w["w_up"], w["w_down"]
@@ -180,10 +177,10 @@ class TSPMLP(nn.Module):
 
 
 def apply(cfg: ModelConfig, par: ParallelConfig, args: ApplyArgs) -> ParallelModel:
-    comm = args.comm("tsp")
+    comm = args.need("tsp")
     layout = SeqLayout(args.seq_len, comm.size, comm.rank, zigzag=True)
-    module, shards = meta_model(cfg, par.recompute), {}
-    for i, block in enumerate(module.layers):
+    module, shards = meta_model(cfg, par.recompute)
+    for i, block in enumerate(module.blocks):
         block.attention = TSPAttention(
             shard_block_weights(block.attention, f"layers.{i}.attention", ATTN_SPLIT, comm, args, shards),
             comm,

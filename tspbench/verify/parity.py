@@ -60,7 +60,7 @@ def run_case(vc: VerifyConfig, breakage: str | None = None) -> CaseResult | None
         opt = torch.optim.AdamW(pm.parameters(), lr=1e-2, weight_decay=0.1)
         opt.step()
         params = pm.full_state(grads=False)
-    sizes = [None] * world
+    sizes: list = [None] * world
     dist.all_gather_object(sizes, (pm.param_bytes(), saved[0]))
     if rank != 0:
         return None
@@ -72,10 +72,15 @@ def run_case(vc: VerifyConfig, breakage: str | None = None) -> CaseResult | None
     ref_loss.backward()
     checks = [_check("loss", replica_loss, ref_loss, tol), _check("logits", full_logits, ref_logits, tol)]
     ref_params = dict(ref.named_parameters())
-    checks += [_check(f"grad/{n}", grads[n], p.grad, tol) for n, p in ref_params.items()]
+    checks += [_check(f"grad/{n}", grads[n], _grad(p), tol) for n, p in ref_params.items()]
     if opt_step:
         torch.optim.AdamW(ref.parameters(), lr=1e-2, weight_decay=0.1).step()
         checks += [_check(f"param/{n}", params[n], p, tol) for n, p in ref_params.items()]
     return CaseResult(
         asdict(vc), checks, comm_layer0, ops0, edges, [s[0] for s in sizes], [s[1] for s in sizes], breakage
     )
+
+
+def _grad(p: torch.nn.Parameter) -> torch.Tensor:
+    assert p.grad is not None, "the reference left a parameter without a gradient"
+    return p.grad

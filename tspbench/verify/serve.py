@@ -44,7 +44,7 @@ def run_decode_case(vc: VerifyConfig, breakage: str | None = None) -> CaseResult
             steps.append(_replicas(pm, pm.full_decode_logits(pm.decode(tokens[:, t : t + 1], t))))
         comm0 = log.summary("layer0")
         ops0 = [(r.op, r.phase, r.numel, r.recv_numel) for r in log.records if r.tag == "layer0"]
-    sizes = [None] * dist.get_world_size()
+    sizes: list = [None] * dist.get_world_size()
     dist.all_gather_object(sizes, (pm.param_bytes(), pm.kv_cache_bytes()))
     if dist.get_rank() != 0:
         return None

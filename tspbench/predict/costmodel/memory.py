@@ -338,6 +338,7 @@ def memory_phases(
             p = phase(grads=g, activations=act, temporaries=tmp, comm_buffers=comm_b)
             if best is None or p["total"] > best["total"]:
                 best = p
+        assert best is not None
         out[name] = best
     if vd == 1:  # the incoming gradient and the dense embedding gradient
         out["embed_bwd"] = phase(grads=g_all - g_embed, temporaries=geo.n_res * h * b + g_embed)

@@ -49,6 +49,14 @@ class DecodeState:
     position: int = 0
 
 
+class Decodable:
+    """A module with a serving path. ParallelModel switches `decoding` on for decode steps (once, not per token)
+    and hands every such module the model's shared DecodeState."""
+
+    decoding: bool = False
+    decode_state: DecodeState
+
+
 def is_owner(position: int, comm: Comm | None) -> bool:
     """Does this rank cache the token at `position` (rank position mod group size of the sequence group)?"""
     return comm is None or position % comm.size == comm.rank
@@ -65,6 +73,7 @@ def partial_attention(q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor |
             torch.zeros(q.shape, dtype=acc, device=q.device),
             torch.full(q.shape[:-1], -math.inf, dtype=acc, device=q.device),
         )
+    assert v is not None
     g = q.shape[1] // k.shape[1]
     kk, vv = (t.to(acc).repeat_interleave(g, dim=1) for t in (k, v))
     s = (q.to(acc) @ kk.transpose(-1, -2)) / math.sqrt(q.shape[-1])  # [B, n_q, 1, L]
@@ -93,7 +102,7 @@ def decode_attend(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    kv: LayerKV,
+    kv: LayerKV | None,
     seq: Comm | None,
     position: int,
     scatter_heads: bool = False,
@@ -101,6 +110,7 @@ def decode_attend(
     """Attention of the new token (heads of q) over the cache sharded by tokens over `seq` (None: whole
     cache here): append on the owner, attend locally, merge. Returns [B, n_q, 1, d] in q's dtype
     (`scatter_heads`: this rank's 1/p of the heads, as tsp needs)."""
+    assert kv is not None, "decode without a KV cache (ParallelModel.start_kv_cache first)"
     if is_owner(position, seq):
         kv.append(k, v)
     o, lse = partial_attention(q, kv.k, kv.v)

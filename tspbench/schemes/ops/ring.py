@@ -39,7 +39,7 @@ def ring_forward(comm: Comm, own: torch.Tensor, step: Callable[[int, torch.Tenso
     with this rank's own; the next shard's hop overlaps the current step."""
     buf = own
     for t in range(comm.size):
-        reqs, nxt = [], None
+        reqs: list = []
         if t < comm.size - 1:
             nxt = torch.empty_like(buf)
             reqs = comm.start_shift(buf, nxt, tag=WEIGHT_TAG)
@@ -57,9 +57,13 @@ def ring_backward(
     partial gradient for shard `owner`; buf is that shard's weights when `own` (this rank's, flat) is given,
     else None (the gradient does not need the weights, e.g. an embedding lookup)."""
     buf = own
-    own_grad, acc_in, acc_reqs, keep = None, None, [], []
+    own_grad: torch.Tensor | None = None
+    acc_in: torch.Tensor | None = None
+    acc_reqs: list = []
+    keep: list[torch.Tensor] = []
     for t in range(comm.size):  # step t: this rank holds shard (rank − t) mod D
-        w_reqs, nxt = [], None
+        w_reqs: list = []
+        nxt = None
         if buf is not None and t < comm.size - 1:
             nxt = torch.empty_like(buf)
             w_reqs = comm.start_shift(buf, nxt, tag=WEIGHT_TAG)
@@ -79,6 +83,7 @@ def ring_backward(
     for q in acc_reqs:
         q.wait()
     del keep
+    assert own_grad is not None
     if acc_in is not None:  # D ≥ 2: everyone else's partials for my shard
         own_grad = own_grad + acc_in
     return own_grad

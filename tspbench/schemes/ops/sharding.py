@@ -80,9 +80,10 @@ def materialise_replicated(
             shards[full] = Shard(full, grad_sum=grad_sum)
 
 
-def meta_model(cfg: ModelConfig, recompute: str) -> Transformer:
+def meta_model(cfg: ModelConfig, recompute: str) -> tuple[Transformer, dict[str, Shard]]:
+    """The reference model on the meta device (no memory), and the empty Shard table the scheme fills."""
     with torch.device("meta"):
-        return Transformer(cfg, recompute)
+        return Transformer(cfg, recompute), {}
 
 
 @dataclass
@@ -97,10 +98,17 @@ class ApplyArgs:
     log: CommLog = field(default_factory=CommLog)
 
     def comm(self, axis: str) -> Comm | None:
+        """The group of mesh axis `axis`, or None when the mesh has no such axis or it has one rank."""
         if axis not in (self.mesh.mesh_dim_names or ()):
             return None
         c = axis_comm(self.mesh, axis, self.log)
         return c if c.size > 1 else None
+
+    def need(self, axis: str) -> Comm:
+        """The group of an axis the scheme cannot do without (validate_parallel guarantees degree ≥ 2)."""
+        c = self.comm(axis)
+        assert c is not None, f"mesh axis {axis!r} is missing or has one rank"
+        return c
 
 
 # (reference parameter, shard dim): column-parallel weights split rows (dim 0), row-parallel columns (dim 1).

@@ -12,15 +12,14 @@ from torch import nn
 from tspbench.config import ModelConfig
 from tspbench.model import LayerKV, causal_attention, project_qkv, swiglu
 from tspbench.schemes.comm import Comm, copy_to_region, reduce_from_region
-from tspbench.schemes.ops.decode import decode_attend
+from tspbench.schemes.ops.decode import Decodable, decode_attend
 
 
-class TPAttention(nn.Module):
+class TPAttention(nn.Module, Decodable):
     """Heads split over the tensor group. `enter`/`exit` are the region mappings; tp_msp and tp_sp
     subclass this and change only them. Serving (schemes/ops/decode.py): `kv` caches this rank's heads during
     the prefill; with `decoding` set, one replicated token attends to the cache (Megatron's f and g)."""
 
-    decoding = False
     kv: LayerKV | None = None
 
     def __init__(self, w: dict[str, nn.Parameter], comm: Comm | None, cfg: ModelConfig):
@@ -52,17 +51,15 @@ class TPAttention(nn.Module):
 
     def decode(self, x, positions):
         """x: [B, 1, h], the same on every rank; positions: [position]."""
-        x = x if self.comm is None else copy_to_region(x, self.comm)
+        x = copy_to_region(x, self.comm)
         q, k, v = project_qkv(x, self.wq, self.wk, self.wv, positions, self.head_dim, self.theta)
         o = decode_attend(q, k, v, self.kv, self.seq_comm, self.decode_state.position)  # [B, n_h/T, 1, d]
         y = F.linear(o.transpose(1, 2).flatten(2), self.wo)
-        return y if self.comm is None else reduce_from_region(y, self.comm)
+        return reduce_from_region(y, self.comm)
 
 
-class TPMLP(nn.Module):
-    decoding = False
-
-    def __init__(self, w: dict[str, nn.Parameter], comm: Comm):
+class TPMLP(nn.Module, Decodable):
+    def __init__(self, w: dict[str, nn.Parameter], comm: Comm | None):
         super().__init__()
         self.w_gate, self.w_up, self.w_down = w["w_gate"], w["w_up"], w["w_down"]
         self.comm = comm

@@ -42,6 +42,7 @@ from tspbench.schemes.comm import (
     reduce_from_region,
     reduce_scatter_to_sequence,
 )
+from tspbench.schemes.ops.decode import Decodable
 from tspbench.schemes.ops.sharding import ApplyArgs, Shard, slice_param
 
 
@@ -69,10 +70,10 @@ class VocabShard:
     full_decode = full
 
 
-class VocabParallelEmbedding(nn.Module):
+class VocabParallelEmbedding(nn.Module, Decodable):
     """Rows `vocab.start …` of the embedding; sums the shards' lookups over the tensor group."""
 
-    decoding = False  # serving: one replicated token, so tp_msp all-reduces instead of scattering
+    # serving (`decoding`): one replicated token, so tp_msp all-reduces instead of scattering
 
     def __init__(self, weight: nn.Parameter, vocab: VocabShard, scatter_seq: bool):
         super().__init__()
@@ -86,10 +87,8 @@ class VocabParallelEmbedding(nn.Module):
         return reduce_from_region(x, self.vocab.comm)
 
 
-class VocabParallelHead(nn.Module):
+class VocabParallelHead(nn.Module, Decodable):
     """Column-parallel LM head: logits of this rank's V/T classes, never gathered."""
-
-    decoding = False
 
     def __init__(self, weight: nn.Parameter, vocab: VocabShard, gather_seq: bool):
         super().__init__()

@@ -24,6 +24,7 @@ from torch import nn
 
 from tspbench.config import ModelConfig
 from tspbench.schemes.comm import Comm
+from tspbench.schemes.ops.decode import Decodable
 from tspbench.schemes.ops.ring import ring_backward, ring_forward
 from tspbench.schemes.ops.sharding import ApplyArgs, Shard, slice_param
 
@@ -121,12 +122,10 @@ class RingEmbedding(nn.Module):
         return _RingEmbedding.apply(tokens, self.weight, self.comm)
 
 
-class RingHead(nn.Module):
+class RingHead(nn.Module, Decodable):
     """This rank's V/D rows of the LM head. Returns its input: the cross-entropy (`VocabRing.loss_sum`)
     consumes the hidden states, so no [tokens, V] logits are ever formed. Decode (one replicated token):
     this rank's V/D logits, no ring needed."""
-
-    decoding = False
 
     def __init__(self, weight: nn.Parameter, comm: Comm):
         super().__init__()
@@ -161,4 +160,6 @@ def ring_vocab(module: nn.Module, cfg: ModelConfig, comm: Comm, args: ApplyArgs,
         w = slice_param(full, (cfg.vocab_size, cfg.dim), 0, comm.rank, comm.size, args.seed, args.dtype, args.device)
         setattr(module, name, cls(w, comm))
         shards[full] = Shard(full, 0, comm, None)
-    return VocabRing(module.lm_head)
+    head = module.lm_head
+    assert isinstance(head, RingHead)
+    return VocabRing(head)
