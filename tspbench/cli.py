@@ -107,7 +107,8 @@ def help_text(prog: str, defaults: Any, intro: str, examples: list[str], groups:
                     _row(f"  {f.name}.{sf.name}={_show(getattr(default, sf.name))}", sub_docs.get(sf.name, ""))
                 )
             continue
-        lines.append(_row(f"{f.name}={_show(default)}", docs.get(f.name, "")))
+        what = (groups or {}).get(f.name, "")
+        lines.append(_row(f"{f.name}={_show(default)}", (docs.get(f.name, "") + (" " + what if what else "")).strip()))
     if examples:
         lines += ["", "examples:", *(f"  {e}" for e in examples)]
     return "\n".join(lines) + "\n"

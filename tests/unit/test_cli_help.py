@@ -1,0 +1,52 @@
+"""`--help` works on every entry point and lists the options with their meaning (in process: the same
+functions `python -m ...` calls)."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+
+def _run(main, argv, capsys) -> str:
+    try:
+        rc = main(argv)
+    except SystemExit as e:  # argparse's --help exits 0
+        rc = e.code
+    assert rc in (0, None)
+    return capsys.readouterr().out
+
+
+def test_verify_help(capsys):
+    from tspbench.verify.cli import main
+
+    out = _run(main, ["--help"], capsys)
+    assert "usage: python -m tspbench.verify" in out
+    assert "seq_len=32" in out and "model.n_kv_heads=8" in out  # composed defaults (conf/model/tiny.yaml)
+    assert "Data-parallel replicas; world size = dp × degree." in out  # a field's docstring
+
+
+def test_estimate_help(capsys):
+    from tspbench.predict.estimate_cli import main
+
+    out = _run(main, ["-h"], capsys)
+    assert "usage: python -m tspbench.estimate" in out and "model.dim=4096" in out and "hardware=null" in out
+    assert "profiles: cpu | h100 | h200 | mi300x" in out
+
+
+def test_experiment_help(capsys, monkeypatch):
+    import tspbench.__main__ as entry
+
+    monkeypatch.setattr(sys, "argv", ["tspbench", "+exp=smoke", "--help"])
+    entry.print_help()
+    out = capsys.readouterr().out
+    assert "usage: python -m tspbench" in out and "exp_name=smoke" in out  # the experiment's own values
+    assert "Wall-clock limit per run" in out and "experiments (+exp=NAME):" in out
+
+
+@pytest.mark.parametrize("module", ["tspbench.report.__main__", "tspbench.predict.gpu_check"])
+def test_argparse_entry_points_help(module, capsys):
+    import importlib
+
+    out = _run(importlib.import_module(module).main, ["--help"], capsys)
+    assert out.startswith("usage: python -m tspbench.")
