@@ -1,5 +1,6 @@
-"""The parity matrix (issue A): every scheme × D ∈ {2, 4} × {MHA, GQA} × recompute {none, full} in float64,
-D = 8 for tsp and sp, DP replicas, the ring variant, and deliberately broken variants.
+"""The parity matrix: every scheme × D ∈ {2, 3, 4} × {MHA, GQA} × recompute {none, selective, full} in
+float64, D = 8 for tsp and sp, data-parallel replicas (dp = 2, with small gradient buckets so every bucketing
+path runs), the K/V-exchange variants, the embedding / head options, and deliberately broken variants.
 
 Cases are grouped by world size so each group runs in ONE spawned rank group (spawning is the slow part
 on a 2-core machine).
@@ -15,6 +16,11 @@ from tspbench.verify.case import VerifyConfig
 MHA = ModelConfig(name="tiny", vocab_size=128, dim=64, n_layers=2, n_heads=8, n_kv_heads=8, ffn_hidden=128)
 GQA = replace(MHA, name="tiny_gqa", n_kv_heads=4)  # g = 2, n_kv divisible by D ≤ 4
 GQA8 = replace(MHA, name="tiny_gqa8", n_heads=16, n_kv_heads=8)  # g = 2 at D = 8
+# D = 3: heads, KV heads, channels and vocabulary divisible by 3; S = 36 (zigzag: 2·3 | S; tp_msp: 3 | S)
+MHA3 = ModelConfig(name="tiny3", vocab_size=132, dim=96, n_layers=2, n_heads=6, n_kv_heads=6, ffn_hidden=192)
+GQA3 = replace(MHA3, name="tiny3_gqa", n_kv_heads=3)
+RECOMPUTE = ("none", "selective", "full")
+SMALL_BUCKET = 512  # elements: gradient buckets of one lone gradient and of several packed ones both occur
 
 # (scheme, sp_variant, tp) for a group of `degree` ranks
 VARIANTS = {
@@ -36,6 +42,15 @@ VARIANTS = {
         ("tp_sp", "allgather", 2),
         ("tp_sp", "ring", 2),
     ],
+    3: [
+        ("tp", "allgather", 0),
+        ("tp_msp", "allgather", 0),
+        ("sp", "allgather", 0),
+        ("sp", "ring", 0),
+        ("tsp", "allgather", 0),
+        ("tp_sp", "allgather", 1),
+        ("tp_sp", "allgather", 3),
+    ],
 }
 
 
@@ -49,6 +64,8 @@ def case_id(vc: VerifyConfig, breakage: str | None) -> str:
         s += f"-T{vc.tp}"
     if vc.vocab != "auto":
         s += f"-vocab_{vc.vocab}"
+    if vc.grad_bucket_elems:
+        s += f"-bucket{vc.grad_bucket_elems}"
     if vc.decode_steps:
         s += f"-decode{vc.decode_steps}"
     return s + (f"-BROKEN_{breakage}" if breakage else "")
@@ -63,7 +80,7 @@ def _vc(model, scheme, degree, variant="allgather", tp=0, dp=1, recompute="none"
         dp=dp,
         sp_variant=variant,
         recompute=recompute,
-        seq_len=32,
+        seq_len=36 if model.n_heads % 3 == 0 else 32,
         batch=2,
         dtype="float64",
     )
@@ -72,14 +89,17 @@ def _vc(model, scheme, degree, variant="allgather", tp=0, dp=1, recompute="none"
 def cases_for_world(world: int) -> list[tuple[VerifyConfig, str | None]]:
     out: list[tuple[VerifyConfig, str | None]] = []
     if world in VARIANTS:
+        models = (MHA3, GQA3) if world == 3 else (MHA, GQA)
         for scheme, variant, tp in VARIANTS[world]:
-            for model in (MHA, GQA):
-                for rc in ("none", "full"):
+            for model in models:
+                for rc in RECOMPUTE:
                     out.append((_vc(model, scheme, world, variant, tp, recompute=rc), None))
-    if world == 4:  # data parallel: 2 replicas of a 2-rank group
+    if world == 4:  # data parallel: 2 replicas of a 2-rank group, one gradient all-reduce over dp × group
         for scheme, variant, tp in VARIANTS[2]:
             out.append((_vc(GQA, scheme, 2, variant, tp, dp=2), None))
+            out.append((replace(_vc(MHA, scheme, 2, variant, tp, dp=2), grad_bucket_elems=SMALL_BUCKET), None))
         out.append((_vc(MHA, "single", 1, dp=4), None))
+        out.append((replace(_vc(MHA, "single", 1, dp=4), grad_bucket_elems=SMALL_BUCKET), None))
     if world == 8:
         for scheme in ("tsp", "sp"):
             for model in (MHA, GQA8):
@@ -110,6 +130,10 @@ def cases_for_world(world: int) -> list[tuple[VerifyConfig, str | None]]:
             (_vc(MHA, "tsp", 2), "missing_grad_sync"),
             (replace(_vc(MHA, "tsp", 2), vocab="ring"), "skipped_ring_hop"),
             (replace(_vc(MHA, "tsp", 2), vocab="ring"), "ring_head_local_softmax"),
+            # a replicated gradient scaled on rank 1 only: caught because every rank's copy is compared
+            (_vc(MHA, "tsp", 2), "perturbed_replica_grad"),
+            (_vc(MHA, "tp", 2), "perturbed_replica_grad"),
+            (_vc(MHA, "single", 1, dp=2), "perturbed_replica_grad"),
         ]
     if world == 4:
         out += [
@@ -121,14 +145,16 @@ def cases_for_world(world: int) -> list[tuple[VerifyConfig, str | None]]:
 
 
 def decode_cases_for_world(world: int) -> list[tuple[VerifyConfig, str | None]]:
-    """Serving: prefill 32 tokens, decode a multiple of the group size (4; 8 at D = 8), so the cache is balanced."""
+    """Serving: prefill 32 (36) tokens, decode a multiple of the group size (4; 3 at D = 3; 8 at D = 8), so the
+    cache is balanced."""
     out: list[tuple[VerifyConfig, str | None]] = []
+    steps = 3 if world == 3 else 4
     dec = lambda model, scheme, degree, variant="allgather", tp=0, dp=1: replace(  # noqa: E731
-        _vc(model, scheme, degree, variant, tp, dp), decode_steps=4
+        _vc(model, scheme, degree, variant, tp, dp), decode_steps=steps
     )
     if world in VARIANTS:
         for scheme, variant, tp in VARIANTS[world]:
-            for model in (MHA, GQA):
+            for model in (MHA3, GQA3) if world == 3 else (MHA, GQA):
                 out.append((dec(model, scheme, world, variant, tp), None))
     if world == 4:
         out += [(dec(GQA, "tsp", 2, dp=2), None), (dec(MHA, "single", 1, dp=4), None)]
@@ -148,6 +174,6 @@ def all_cases_for_world(world: int) -> list[tuple[VerifyConfig, str | None]]:
     return cases_for_world(world) + decode_cases_for_world(world)
 
 
-WORLDS = (2, 4, 8)
+WORLDS = (2, 3, 4, 8)
 ALL = {case_id(vc, b): (w, vc, b) for w in WORLDS for vc, b in cases_for_world(w)}
 DECODE = {case_id(vc, b): (w, vc, b) for w in WORLDS for vc, b in decode_cases_for_world(w)}

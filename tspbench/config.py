@@ -15,7 +15,9 @@ SCHEMES = ("single", "tp", "tp_msp", "sp", "tp_sp", "tsp")
 """Scheme names used by configs, results and reports (docs/method.md#naming)."""
 
 SP_VARIANTS = ("allgather", "ring")
-RECOMPUTE = ("none", "full")
+RECOMPUTE = ("none", "selective", "full")
+"""none; selective: Megatron's core-attention recompute (the attention kernel re-run in backward, projections
+kept); full: every block recomputed in backward (docs/method.md#choice-recompute)."""
 VOCAB = ("auto", "replicated", "ring")
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
 MODES = ("train", "forward", "decode")
@@ -74,7 +76,8 @@ class ParallelConfig:
     sp_variant: str = "allgather"
     """sp and tp_sp: K/V exchange, allgather (zigzag, default) or ring (peer-to-peer, online softmax)."""
     recompute: str = "none"
-    """Activation recompute: none, or full (each block recomputed in backward)."""
+    """Activation recompute: none; selective (Megatron's core-attention recompute: the attention kernel is re-run
+    in backward from the saved q, k, v); or full (each block recomputed in backward)."""
     vocab: str = "auto"
     """Embedding and LM head: auto (split by vocabulary over the tensor axis in tp, tp_msp and tp_sp, as in
     Megatron; replicated in sp and tsp), replicated (whole on every rank, every scheme), or ring (tsp only:

@@ -14,9 +14,11 @@ V vocabulary, F·h = ffn_hidden.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 import typing
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -149,7 +151,28 @@ class LayerKV:
         return sum(t.numel() * t.element_size() for t in (self._k, self._v) if t is not None)
 
 
-class Attention(nn.Module):
+class CoreAttention:
+    """Modules whose core attention may be recomputed (`recompute=selective`, Megatron's
+    recompute_granularity=selective): only the attention kernel is checkpointed, so its own saved tensors (the
+    output, the log-sum-exp, a zigzag shard's concatenation) are rebuilt in backward from q, k, v, which the
+    projections keep anyway. Set by the Transformer (and ParallelModel) from the recompute mode."""
+
+    recompute_core: bool = False
+    rerun_context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
+    """Entered around the kernel, in forward and in its recompute (a scheme puts its layer's communication
+    tag back there: a recompute in backward runs no module hook)."""
+
+    def core(self, fn, *args):
+        def run(*a):
+            with self.rerun_context():
+                return fn(*a)
+
+        if self.recompute_core and torch.is_grad_enabled():
+            return torch.utils.checkpoint.checkpoint(run, *args, use_reentrant=False)
+        return run(*args)
+
+
+class Attention(nn.Module, CoreAttention):
     """Causal GQA attention with RoPE. Local head counts come from the weight shapes, never a config,
     so a scheme can hand this math sharded weights. With `kv` set (serving), each call appends its tokens'
     K/V to the cache and attends against everything cached: prefill, then one token per decode step."""
@@ -172,7 +195,7 @@ class Attention(nn.Module):
         if self.kv is not None:  # serving: attend to the cache too
             offset = self.kv.length
             k, v = self.kv.append(k, v)
-        o = causal_attention(q, k, v, q_offset=offset)  # [B, n_h, S, d]
+        o = self.core(causal_attention, q, k, v, offset)  # [B, n_h, S, d]
         return F.linear(o.transpose(1, 2).flatten(2), self.wo)
 
 
@@ -223,6 +246,14 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.lm_head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        self.set_recompute(recompute)
+
+    def set_recompute(self, recompute: str) -> None:
+        """none | selective (core attention recomputed) | full (every block recomputed)."""
+        self.recompute = recompute
+        for m in self.modules():
+            if isinstance(m, CoreAttention):
+                m.recompute_core = recompute == "selective"
 
     @property
     def blocks(self) -> list[Block]:

@@ -18,12 +18,13 @@ PACKAGE_DIR = Path(tspbench.__file__).resolve().parent
 
 
 def conf_dir() -> Path:
-    """The configuration root (Hydra's primary config directory): `tspbench.conf` as installed, or the
-    repository's conf/ when running from a source checkout that was never installed."""
-    try:
-        return Path(str(resources.files("tspbench.conf")))
-    except ModuleNotFoundError:
-        return PACKAGE_DIR.parent / "conf"
+    """The configuration root (Hydra's primary config directory): the conf/ beside the imported package when it
+    is a source checkout (so a git worktree or an edited checkout reads its own files), else `tspbench.conf`
+    as installed."""
+    checkout = PACKAGE_DIR.parent / "conf"
+    if (checkout / "config.yaml").is_file():
+        return checkout
+    return Path(str(resources.files("tspbench.conf")))
 
 
 def templates_dir() -> Path:

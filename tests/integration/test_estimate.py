@@ -132,6 +132,9 @@ def test_comm_counts_are_not_vacuous(real_runs):
         ("tsp", 0, "none", "ring"),
         ("tp", 0, "full", "replicated"),
         ("tp_msp", 0, "full", "replicated"),
+        ("tp", 0, "selective", "auto"),
+        ("sp", 0, "selective", "auto"),
+        ("tp_sp", 2, "selective", "auto"),
     ],
 )
 def test_costmodel_matches_estimate_gqa(scheme, tp, recompute, vocab):

@@ -47,11 +47,24 @@ def test_layer_volume_equals_formula(parity_results, cid):
     assert got["fwd"] == pytest.approx(formula_fwd(vc), rel=1e-12, abs=0)
     if vc.recompute == "none":
         assert got["bwd"] == pytest.approx(formula_bwd(vc), rel=1e-12, abs=0)
-    else:  # recompute replays (part of) the forward's collectives during backward, never fewer
+    elif vc.recompute == "selective":  # only the attention kernel is replayed: the ring's hops are its part
+        assert got["bwd"] == pytest.approx(formula_bwd(vc) + selective_replay(vc), rel=1e-12, abs=0)
+    else:  # full recompute replays the block's forward collectives during backward, never fewer
         assert got["bwd"] > formula_bwd(vc)
 
 
-@pytest.mark.parametrize("cid", [c for c in CASES if ALL[c][1].recompute == "none"])
+def selective_replay(vc) -> float:
+    """recompute=selective re-runs the core attention in backward. The all-gather variant exchanges K/V before
+    the kernel (nothing replayed); the ring interleaves its K/V hops with the kernel, so they are replayed."""
+    if vc.sp_variant != "ring" or vc.scheme not in ("sp", "tp_sp"):
+        return 0.0
+    m, n = vc.model, vc.degree
+    t = vc.tp if vc.scheme == "tp_sp" else 1
+    s = n // t
+    return 2 * vc.batch * vc.seq_len * (m.dim / (m.n_heads // m.n_kv_heads)) / t * (s - 1) / s
+
+
+@pytest.mark.parametrize("cid", [c for c in CASES if ALL[c][1].recompute in ("none", "selective")])
 def test_cost_model_predicts_counted_volume(parity_results, cid):
     world, vc, _ = ALL[cid]
     got = parity_results(world)[cid]["comm_layer0"]

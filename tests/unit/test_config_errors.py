@@ -21,7 +21,7 @@ BAD = [
     (["scheme=single", "degree=2"], "use degree=1"),
     (["scheme=tp_sp", "degree=4", "tp=3"], "tp=3 must divide degree=4"),
     (["scheme=sp", "sp_variant=ulysses"], "allowed: allgather, ring"),
-    (["scheme=tp", "recompute=selective"], "allowed: none, full"),
+    (["scheme=tp", "recompute=partial"], "allowed: none, selective, full"),
     (["dtype=float16"], "allowed: float64, float32, bfloat16"),
     (["model.n_kv_heads=3"], "model.n_kv_heads=3 must divide model.n_heads=8"),
     (["scheme=tp_msp", "degree=4", "model.vocab_size=130"], "model.vocab_size=130 must be divisible by the degree 4"),

@@ -23,13 +23,9 @@ Steady state: the optimizer state is created by an untimed AdamW step on zero gr
 measured step, as it exists from the second training step on; gradients start as None (zero_grad with
 set_to_none, as the worker does).
 
-bf16 and the fp32 master copy (`master_fp32=True`, default for 16-bit dtypes). tspbench keeps parameters
-in the run dtype and the worker's AdamW would keep bf16 m, v. The paper setting (and the cost model, k = 16
-bytes/param) is mixed precision: bf16 weights + bf16 grads, fp32 master weights + fp32 m, v. The estimate
-models it by running a real AdamW (fused kernel) on fp32 master copies of the parameters (category
-optimizer: 12 B/param); at the step each bf16 gradient is upcast one parameter at a time (a transient of
-one fp32 gradient), then the bf16 weight is refreshed from its master. `master_fp32=False` runs AdamW on the
-parameters exactly as the worker does (torch's single-tensor AdamW on CPU tensors).
+The step is tspbench.schemes.train.train_step, the one verify proves and the worker times, with its
+mixed-precision AdamW: for bf16, fp32 master copies with fp32 m, v (category optimizer: 12 B/param), each
+bf16 gradient upcast one parameter at a time; for fp32/fp64, AdamW on the parameters.
 
 FLOPs: FlopCounterMode's formulas (`torch.utils.flop_counter.flop_registry`, + the CPU flash-attention
 kernels) applied by the tracker to every op of the measured step (matmuls and attention kernels; the
@@ -66,44 +62,6 @@ from tspbench.config import DTYPES, MODES, ModelConfig, ParallelConfig, validate
 from tspbench.predict.memtrack import CATEGORIES, MemoryTracker, gpu_attention
 
 GIB = float(2**30)
-
-
-# ------------------------------------------------------------------------------------------- optimizer
-class _Optimizer:
-    """AdamW as the worker runs it, or (master_fp32) on fp32 master copies of 16-bit parameters."""
-
-    def __init__(self, params: list[torch.nn.Parameter], master_fp32: bool):
-        self.params = params
-        self.masters = None
-        if master_fp32:
-            with torch.no_grad():
-                self.masters = [p.detach().float() for p in params]
-            self.opt = torch.optim.AdamW(self.masters, lr=1e-4, fused=True)
-        else:
-            self.opt = torch.optim.AdamW(params, lr=1e-4)
-
-    def step(self) -> None:
-        if self.masters is None:
-            self.opt.step()
-            return
-        with torch.no_grad():
-            for p, m in zip(self.params, self.masters):  # one fp32 gradient alive at a time
-                if p.grad is None:
-                    continue
-                m.grad = p.grad.float()
-                self.opt.step()
-                m.grad = None
-                p.copy_(m)
-
-    def zero_grad(self) -> None:
-        for p in self.params:
-            p.grad = None
-
-    def state_tensors(self) -> list[torch.Tensor]:
-        out = list(self.masters or [])
-        for st in self.opt.state.values():
-            out += [v for v in st.values() if torch.is_tensor(v)]
-        return out
 
 
 # ------------------------------------------------------------------------------------------- one step
@@ -178,7 +136,6 @@ def trace_step(
     device: str = "cpu",
     fake: bool = False,
     attention: str = "native",
-    master_fp32: bool = False,
     seed: int = 0,
     tokens: torch.Tensor | None = None,
     targets: torch.Tensor | None = None,
@@ -196,6 +153,7 @@ def trace_step(
 
     from tspbench.schemes import ApplyArgs, apply_scheme, build_mesh
     from tspbench.schemes.comm import CommLog
+    from tspbench.schemes.train import MixedPrecisionAdamW, train_step
 
     t0 = time.perf_counter()
     mesh = build_mesh(par, "cuda" if device.startswith("cuda") else "cpu")  # outside fake mode
@@ -236,7 +194,7 @@ def trace_step(
         opt = None
         if train:
             hooks += [p.register_post_accumulate_grad_hook(lambda p: tracker.grad_attached(p.grad)) for p in params]
-            opt = _Optimizer(params, master_fp32)
+            opt = MixedPrecisionAdamW(params, lr=1e-4)
             for p in params:  # steady state: the optimizer state exists before the measured step
                 p.grad = torch.zeros_like(p)
             opt.step()
@@ -246,17 +204,12 @@ def trace_step(
         tracker.mark("step")
         tracker.counting = in_fwd[0] = True
         if opt is not None:
-            loss, logits = pm.loss(tok, tgt, pos)
-            del logits
-            in_fwd[0] = False
-            tracker.mark("backward")
-            loss.backward()
-            del loss
-            tracker.mark("grad_sync")
-            pm.finish_grad_sync()
-            tracker.mark("optimizer")
-            opt.step()
-            opt.zero_grad()
+
+            def phase(name: str) -> None:
+                in_fwd[0] = in_fwd[0] and name != "backward"
+                tracker.mark(name)
+
+            train_step(pm, opt, tok, tgt, pos, phase=phase)
         else:
             with torch.no_grad():
                 loss, logits = pm.loss(tok, tgt, pos)
@@ -372,7 +325,6 @@ def estimate(
     rank: int = 0,
     hardware: str | None = None,
     attention: str = "auto",
-    master_fp32: bool | None = None,
     layers: str = "auto",
 ) -> dict[str, Any]:
     """Per-rank memory, FLOPs and layer-0 collectives of one step, from the real scheme code on fake
@@ -380,7 +332,6 @@ def estimate(
     method "estimated"; status "oom" when the peak exceeds the hardware profile's memory.
 
     attention: "auto" (= "gpu", or "native" for hardware="cpu"), "gpu" or "native" (module docstring).
-    master_fp32: None = True for 16-bit dtypes (the cost model's k = 16 mixed precision), else False.
     layers: "all" traces every layer; "auto" (default) traces 3- and 4-layer copies of the model and
     extrapolates exactly (`extrapolate_layers`) when it has more than 4 layers: seconds instead of minutes.
     """
@@ -394,9 +345,7 @@ def estimate(
     if not 0 <= rank < par.world_size:
         raise ValueError(f"rank={rank} is outside the world of {par.world_size} ranks")
     kernel = resolve_attention(attention, hardware)
-    if master_fp32 is None:
-        master_fp32 = DTYPES[dtype].itemsize < 4
-    master_fp32 = master_fp32 and mode == "train"
+    master_fp32 = DTYPES[dtype].itemsize < 4 and mode == "train"  # MixedPrecisionAdamW's rule
     hw = None
     if hardware is not None:
         from tspbench.predict.costmodel.time import load_hardware
@@ -420,7 +369,6 @@ def estimate(
                     dtype=dtype,
                     fake=True,
                     attention=kernel,
-                    master_fp32=master_fp32,
                 )
             )
     if extrapolated:
@@ -516,7 +464,6 @@ def _measure_worker(rank: int, world: int, cases: list, out_file: str) -> None:
             dtype=dtype,
             fake=False,
             attention="native",
-            master_fp32=False,
             tokens=tokens,
             targets=targets,
         )
@@ -558,7 +505,5 @@ def estimate_summary(
 ) -> dict[str, Any]:
     """`summary` of a fake-tensor trace of every layer (the counterpart of `measure` for one case)."""
     with fake_process_group(par.world_size, rank):
-        tr = trace_step(
-            model, par, seq_len, batch, mode=mode, dtype=dtype, fake=True, attention=attention, master_fp32=False
-        )
+        tr = trace_step(model, par, seq_len, batch, mode=mode, dtype=dtype, fake=True, attention=attention)
     return summary(tr)

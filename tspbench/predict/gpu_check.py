@@ -49,7 +49,6 @@ def check(model: ModelConfig, par: ParallelConfig, seq_len: int, device: str, dt
             device=device,
             fake=False,
             attention="native",
-            master_fp32=True,
         )
     real = tr.memory()
     out = {

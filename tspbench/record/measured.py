@@ -69,6 +69,10 @@ def build_record(
         top = max(with_mem, key=lambda r: r["mem"].get("mem_total_gib") or 0)
         m.update(top["mem"])
     m["mem_comm_buffers_gib"] = max(r["comm"]["max_buffer_bytes"] for r in ranks) / memory_mod.GIB
+    opt_bytes = [b for r in ranks if (b := r.get("optimizer_state_bytes")) is not None]
+    m["optimizer_state_gib"] = max(opt_bytes) / memory_mod.GIB if len(opt_bytes) == len(ranks) else None
+    if spec.mode == "train":
+        m["replicas_in_sync"], m["replica_mismatch"] = replicas_in_sync([r.get("replicas") or {} for r in ranks])
 
     # Energy: summed over ranks; None (with the reason) unless every rank has a value.
     ej = [r["energy"]["energy_j"] for r in ranks]
@@ -126,3 +130,16 @@ def build_record(
         "launcher": launcher,
     }
     return rec
+
+
+def replicas_in_sync(per_rank: list[dict[str, tuple[int, float, float]]]) -> tuple[bool, list[str]]:
+    """Do all ranks that hold the same slice of a parameter hold identical copies (tspbench.run.worker
+    `replica_checksums`)? Returns (in sync, the parameters that are not, with their slice)."""
+    seen: dict[tuple[str, int], tuple[float, float]] = {}
+    bad: list[str] = []
+    for sums in per_rank:
+        for name, (slice_index, total, squares) in sums.items():
+            first = seen.setdefault((name, slice_index), (total, squares))
+            if first != (total, squares) and f"{name}[{slice_index}]" not in bad:
+                bad.append(f"{name}[{slice_index}]")
+    return not bad, bad[:10]

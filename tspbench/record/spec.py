@@ -49,6 +49,9 @@ class RunSpec:
     results_file: str = ""
     status_dir: str = ""
     vocab: str = "auto"
+    state_file: str = ""
+    """If set, rank 0 saves the trained parameters (full shape) there after the run (tests compare them with
+    the single-device model); not part of the workload, so not of the run_id."""
 
     # Fields that define the workload, hence the run_id. Paths, time limits and faults do not.
     IDENTITY = (

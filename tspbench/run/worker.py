@@ -96,11 +96,25 @@ def comm_per_layer(log, tag: str = "layer0") -> dict:
     return out
 
 
+def replica_checksums(pm) -> dict[str, tuple[int, float, float]]:
+    """Per parameter: (which slice this rank holds, float64 sum, float64 sum of squares), computed on the
+    device. Ranks holding the same slice must hold bit-identical copies after any number of steps (the gradient
+    sync and the optimizer are deterministic and identical on every rank); record.measured compares them."""
+    out = {}
+    with torch.no_grad():
+        for name, p in pm.named_local_params():
+            shard = pm.shards[name]
+            t = p.detach().double()
+            out[name] = (shard.comm.rank if shard.comm is not None else 0, float(t.sum()), float((t * t).sum()))
+    return out
+
+
 def benchmark(spec: RunSpec, device: torch.device, rank: int, world: int) -> dict | None:
     """Collective over the default group; returns the record on rank 0, None elsewhere."""
     from tspbench.model import synthetic_batch
     from tspbench.schemes import ApplyArgs, apply_scheme, build_mesh
     from tspbench.schemes.comm import CommLog
+    from tspbench.schemes.train import MixedPrecisionAdamW, train_step
 
     started = now()
     cfg, par = spec.model_config(), spec.parallel()
@@ -114,12 +128,14 @@ def benchmark(spec: RunSpec, device: torch.device, rank: int, world: int) -> dic
     tokens, targets = synthetic_batch(cfg, par.dp * spec.batch, spec.seq_len + extra, spec.seed, device)
     s = spec.seq_len
     tok, tgt, pos = pm.local_batch(tokens[:, :s], targets[:, :s])
-    opt = torch.optim.AdamW(pm.parameters(), lr=spec.lr) if train else None
+    opt = MixedPrecisionAdamW(list(pm.parameters()), lr=spec.lr) if train else None
     fault = Fault(spec.fault, rank)
     serving: dict = {}
     if decode:
         serving = prefill(pm, tok, pos, device, new_tokens=extra)
         position = [s]
+
+    steps_taken = [0]
 
     def step() -> torch.Tensor | None:
         if decode:
@@ -128,11 +144,8 @@ def benchmark(spec: RunSpec, device: torch.device, rank: int, world: int) -> dic
             pm.decode(tokens[:, p : p + 1], p)
             return None
         if opt is not None:
-            loss = pm.loss(tok, tgt, pos)[0]  # logits not kept alive through backward
-            loss.backward()
-            pm.finish_grad_sync()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+            steps_taken[0] += 1
+            return train_step(pm, opt, tok, tgt, pos)  # the step tspbench.verify proves
         else:
             with torch.no_grad():
                 loss = pm.loss(tok, tgt, pos)[0]
@@ -172,11 +185,18 @@ def benchmark(spec: RunSpec, device: torch.device, rank: int, world: int) -> dic
             dist.all_reduce(loss_t, group=pm.dp.group)
             loss_t /= pm.dp.size
         loss_value = float(loss_t.item())
-    mem = memory_mod.breakdown(step, pm, opt, device) if spec.memory_breakdown else {}
+    mem = memory_mod.breakdown(step, pm, opt.opt if opt is not None else None, device) if spec.memory_breakdown else {}
     if decode:
         serving["kv_cache_gib"] = pm.kv_cache_bytes() / memory_mod.GIB
         serving["kv_cache_allocated_gib"] = pm.kv_cache_bytes(allocated=True) / memory_mod.GIB
+    sync = replica_checksums(pm) if opt is not None else {}
+    if spec.state_file and opt is not None:  # tests: the trained parameters, back to full shape, on rank 0
+        full = {k: v.cpu() for k, v in pm.full_state(grads=False).items()}
+        if rank == 0:
+            torch.save({"params": full, "optimizer_steps": steps_taken[0]}, spec.state_file)
     mine = {
+        "optimizer_state_bytes": opt.state_bytes() if opt is not None else None,
+        "replicas": sync,
         "step_ms": step_ms,
         "window_s": timer.window_s,
         "peaks": peaks,

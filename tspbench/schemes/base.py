@@ -5,6 +5,7 @@ goes back to full shape for verification. How the rank's weights are built is sc
 
 from __future__ import annotations
 
+import functools
 from typing import Protocol
 
 import torch
@@ -12,10 +13,10 @@ import torch.distributed as dist
 from torch import nn
 
 from tspbench.config import ParallelConfig
-from tspbench.model import Transformer, token_loss_sum
+from tspbench.model import CoreAttention, Transformer, token_loss_sum
 from tspbench.schemes.comm import Comm, CommLog
 from tspbench.schemes.ops.layout import SeqLayout
-from tspbench.schemes.ops.sharding import Shard
+from tspbench.schemes.ops.sharding import ApplyArgs, Shard
 
 
 class VocabHead(Protocol):
@@ -46,17 +47,35 @@ class ParallelModel(nn.Module):
         module: Transformer,
         par: ParallelConfig,
         shards: dict[str, Shard],
-        layout: SeqLayout | None,
-        seq: Comm | None,
-        dp: Comm | None,
-        log: CommLog,
+        args: ApplyArgs,
+        *,
+        layout: SeqLayout | None = None,
+        seq: Comm | None = None,
         vocab: VocabHead | None = None,
     ):
         super().__init__()
         self.module, self.par, self.shards = module, par, shards
-        self.layout, self.seq, self.dp, self.log, self.vocab = layout, seq, dp, log, vocab
+        self.layout, self.seq, self.vocab = layout, seq, vocab
+        self.dp, self.log = args.comm("dp"), args.log
+        self.grad_bucket_elems = GRAD_BUCKET_ELEMS
+        module.set_recompute(par.recompute)  # the scheme's attention modules included (selective)
+        # The gradient sync's groups: a weight shared by ranks that saw different tokens (Shard.grad_sum) is
+        # summed over that group and averaged over data-parallel replicas in ONE all-reduce over both axes;
+        # every other gradient is averaged over dp alone.
+        self.sync_groups: dict[str | None, tuple[Comm, int]] = {}
+        dp_size = self.dp.size if self.dp is not None else 1
+        for shard in shards.values():
+            c = shard.grad_sum
+            key = c.axis if c is not None else None
+            if key not in self.sync_groups:
+                group = args.flat("dp", key) if key is not None else self.dp
+                if group is not None:
+                    self.sync_groups[key] = (group, dp_size)
         for i, block in enumerate(module.blocks):  # tag every collective with its layer
             block.register_forward_pre_hook(lambda m, a, i=i: setattr(self.log, "tag", f"layer{i}"))
+            for m in block.modules():  # ... also when only the attention kernel is recomputed in backward
+                if isinstance(m, CoreAttention):
+                    m.rerun_context = functools.partial(self.log.scope, f"layer{i}")
         module.norm.register_forward_pre_hook(lambda m, a: setattr(self.log, "tag", "head"))
         module.embed.register_forward_pre_hook(lambda m, a: setattr(self.log, "tag", "embed"))
 
@@ -136,22 +155,23 @@ class ParallelModel(nn.Module):
 
     # ---- gradients ---------------------------------------------------------------------------------
     def finish_grad_sync(self) -> None:
-        """Sum partial gradients of token-sharded replicated weights, then average over DP replicas.
-        Each group's gradients go in flattened buckets of at most GRAD_BUCKET_ELEMS (few, large collectives)."""
-        buckets: dict[int, tuple[Comm, list[torch.Tensor]]] = {}
+        """Sum partial gradients of weights shared by ranks that saw different tokens, and average over DP
+        replicas: one all-reduce per group (`sync_groups`), in flattened buckets of at most `grad_bucket_elems`
+        elements (few, large collectives; Megatron's DDP buckets are 40M)."""
+        buckets: dict[str | None, list[torch.Tensor]] = {}
         for name, p in self.named_local_params():
             c = self.shards[name].grad_sum
-            if c is not None and p.grad is not None:
-                buckets.setdefault(id(c), (c, []))[1].append(p.grad)
-        if self.dp is not None:
-            buckets[id(self.dp)] = (self.dp, [p.grad for _, p in self.named_local_params() if p.grad is not None])
-        for comm, grads in buckets.values():
-            for chunk in _buckets(grads, GRAD_BUCKET_ELEMS):
+            key = c.axis if c is not None else None
+            if p.grad is not None and key in self.sync_groups:
+                buckets.setdefault(key, []).append(p.grad)
+        for key, grads in buckets.items():
+            comm, divide = self.sync_groups[key]
+            for chunk in _buckets(grads, self.grad_bucket_elems):
                 # One flat buffer per bucket (fewer, larger messages); a lone gradient is reduced in place.
                 flat = chunk[0] if len(chunk) == 1 else torch.cat([g.reshape(-1) for g in chunk])
                 comm.all_reduce(flat, tag="grad_sync", phase="grad_sync")
-                if comm is self.dp:
-                    flat /= comm.size
+                if divide > 1:
+                    flat /= divide
                 if len(chunk) > 1:
                     off = 0
                     for g in chunk:
@@ -171,12 +191,14 @@ class ParallelModel(nn.Module):
 
     def full_state(self, grads: bool) -> dict[str, torch.Tensor]:
         """Every parameter (or its gradient) at full shape, keyed by the reference name."""
+        local = {name: p.grad if grads else p.data for name, p in self.named_local_params()}
+        return self.full_state_of({k: v for k, v in local.items() if v is not None})
+
+    def full_state_of(self, local: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Local tensors shaped like this rank's parameters (e.g. gradients saved earlier) at full shape,
+        keyed by the reference name (collective over each shard's group)."""
         with self.log.scope("verify"), _no_log(self.log):
-            out = {}
-            for name, p in self.named_local_params():
-                t = p.grad if grads else p.data
-                out[self.shards[name].name] = self.unshard(name, t.contiguous())
-            return out
+            return {self.shards[n].name: self.unshard(n, t.contiguous()) for n, t in local.items()}
 
     def full_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """Local logits [B, S_loc, V] (or [B, S_loc, V/T]) → this replica's logits [B, S, V] in logical order."""

@@ -77,8 +77,8 @@ _reduce_scatter_tensor = getattr(dist, "reduce_scatter_single", None) or dist.re
 class Comm:
     """A process group and the log its traffic is recorded in. `rank`/`size` are within the group."""
 
-    def __init__(self, group: dist.ProcessGroup, log: CommLog | None = None):
-        self.group = group
+    def __init__(self, group: dist.ProcessGroup, log: CommLog | None = None, axis: str | None = None):
+        self.group, self.axis = group, axis  # axis: the mesh dimension(s) the group spans, e.g. "sp", "dp+sp"
         self.size = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
         self.log = log if log is not None else CommLog(enabled=False)
@@ -158,7 +158,8 @@ class Comm:
 
 # ---- differentiable region mappings ---------------------------------------------------------------
 class _CopyToRegion(torch.autograd.Function):
-    """Megatron's f: identity forward, all-reduce of the gradient backward."""
+    """Megatron's f: identity forward, all-reduce of the gradient backward (in place, as Megatron's
+    `_reduce`: the incoming gradient is this Function's own buffer)."""
 
     @staticmethod
     def forward(ctx, x, comm: Comm):
@@ -168,15 +169,16 @@ class _CopyToRegion(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         with ctx.comm.log.scope(ctx.tag, backward=True):
-            return ctx.comm.all_reduce(g.contiguous().clone()), None
+            return ctx.comm.all_reduce(g.contiguous()), None
 
 
 class _ReduceFromRegion(torch.autograd.Function):
-    """Megatron's g: all-reduce forward, identity backward."""
+    """Megatron's g: all-reduce forward (in place: the input is the row-parallel GEMM's fresh partial sum,
+    used by nothing else), identity backward."""
 
     @staticmethod
     def forward(ctx, x, comm: Comm):
-        return comm.all_reduce(x.contiguous().clone())
+        return comm.all_reduce(x.contiguous())
 
     @staticmethod
     def backward(ctx, g):

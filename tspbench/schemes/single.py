@@ -13,4 +13,4 @@ from tspbench.schemes.ops.sharding import ApplyArgs, materialise_replicated, met
 def apply(cfg: ModelConfig, par: ParallelConfig, args: ApplyArgs) -> ParallelModel:
     module, shards = meta_model(cfg, par.recompute)
     materialise_replicated(module, shards, args.seed, args.dtype, args.device, grad_sum=None)
-    return ParallelModel(module, par, shards, None, None, args.comm("dp"), args.log)
+    return ParallelModel(module, par, shards, args)

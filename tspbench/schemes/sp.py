@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tspbench.config import ModelConfig, ParallelConfig
-from tspbench.model import LayerKV, project_qkv
+from tspbench.model import CoreAttention, LayerKV, project_qkv
 from tspbench.schemes.base import ParallelModel
 from tspbench.schemes.comm import Comm
 from tspbench.schemes.ops.decode import Decodable, decode_attend
@@ -42,7 +42,7 @@ from tspbench.schemes.ops.sharding import (
 )
 
 
-class SPAttention(nn.Module, Decodable):
+class SPAttention(nn.Module, Decodable, CoreAttention):
     """All heads, local tokens; the only change from the reference is where K/V come from. Serving: the
     prefill caches the local tokens' K/V; decode merges the ranks' partial attentions (schemes/ops/decode.py)."""
 
@@ -57,7 +57,7 @@ class SPAttention(nn.Module, Decodable):
         self.head_dim, self.theta = cfg.head_dim, cfg.rope_theta
 
     def attend(self, q, k, v):
-        return attend_sequence(q, k, v, self.comm, self.layout, self.variant)
+        return attend_sequence(q, k, v, self.comm, self.layout, self.variant, self.core)
 
     def forward(self, x, positions):
         # x: [B, S/Σ, h] zigzag shard; positions: its global positions, so RoPE matches the reference
@@ -81,4 +81,4 @@ def apply(cfg: ModelConfig, par: ParallelConfig, args: ApplyArgs) -> ParallelMod
         )
     # every weight is replicated but used on this rank's tokens only: gradient summed over the sp group
     materialise_replicated(module, shards, args.seed, args.dtype, args.device, grad_sum=comm)
-    return ParallelModel(module, par, check_shards(module, shards), layout, comm, args.comm("dp"), args.log)
+    return ParallelModel(module, par, check_shards(module, shards), args, layout=layout, seq=comm)

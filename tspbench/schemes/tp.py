@@ -45,4 +45,4 @@ def apply(cfg: ModelConfig, par: ParallelConfig, args: ApplyArgs) -> ParallelMod
         else None
     )  # vocab=replicated: every rank the whole head
     materialise_replicated(module, shards, args.seed, args.dtype, args.device, grad_sum=None)
-    return ParallelModel(module, par, check_shards(module, shards), None, None, args.comm("dp"), args.log, vocab)
+    return ParallelModel(module, par, check_shards(module, shards), args, vocab=vocab)

@@ -81,9 +81,9 @@ def apply(cfg: ModelConfig, par: ParallelConfig, args: ApplyArgs) -> ParallelMod
         # summed over the group; the loss shares sum over it.
         materialise_replicated(module, shards, args.seed, args.dtype, args.device, grad_sum=comm)
         layout = SeqLayout(args.seq_len, comm.size, comm.rank, zigzag=False)
-        return ParallelModel(module, par, check_shards(module, shards), layout, comm, args.comm("dp"), args.log)
+        return ParallelModel(module, par, check_shards(module, shards), args, layout=layout, seq=comm)
     vocab = shard_vocab(module, cfg, comm, args, shards, grad_sum=None, sequence_parallel=True)
     materialise_replicated(module, shards, args.seed, args.dtype, args.device, grad_sum=comm)
     # Inputs, targets and the loss cover the whole sequence (as in tp): the embedding scatters the sequence
     # into contiguous S/T shards and the head gathers it back; the blocks' enter re-derives positions.
-    return ParallelModel(module, par, check_shards(module, shards), None, None, args.comm("dp"), args.log, vocab)
+    return ParallelModel(module, par, check_shards(module, shards), args, vocab=vocab)

@@ -66,7 +66,7 @@ class TPSPAttention(TPAttention):
 
     def attend(self, q, k, v):
         # q: [B, n_h/T, S/Σ, d]; k, v: [B, n_kv/T, S/Σ, d] → [B, n_h/T, S/Σ, d]
-        return attend_sequence(q, k, v, self.sp, self.layout, self.variant)
+        return attend_sequence(q, k, v, self.sp, self.layout, self.variant, self.core)
 
 
 def _block_weights(
@@ -99,4 +99,4 @@ def apply(cfg: ModelConfig, par: ParallelConfig, args: ApplyArgs) -> ParallelMod
         else None
     )
     materialise_replicated(module, shards, args.seed, args.dtype, args.device, grad_sum=sp)
-    return ParallelModel(module, par, check_shards(module, shards), layout, sp, args.comm("dp"), args.log, vocab)
+    return ParallelModel(module, par, check_shards(module, shards), args, layout=layout, seq=sp, vocab=vocab)

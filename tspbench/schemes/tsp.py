@@ -192,4 +192,4 @@ def apply(cfg: ModelConfig, par: ParallelConfig, args: ApplyArgs) -> ParallelMod
         ring_vocab(module, cfg, comm, args, shards) if par.vocab == "ring" else None
     )  # docs/method.md#choice-embedding
     materialise_replicated(module, shards, args.seed, args.dtype, args.device, grad_sum=comm)
-    return ParallelModel(module, par, check_shards(module, shards), layout, comm, args.comm("dp"), args.log, vocab)
+    return ParallelModel(module, par, check_shards(module, shards), args, layout=layout, seq=comm, vocab=vocab)

@@ -128,6 +128,27 @@ def ring_head_local_softmax():
         yield
 
 
+@contextlib.contextmanager
+def perturbed_replica_grad():
+    """After the gradient sync, global rank 1 scales every gradient of a weight it holds whole (replicated over
+    its group) by 3: rank 0's copy stays right, so a check that looked at rank 0 only would pass."""
+    import torch.distributed as dist
+
+    from tspbench.schemes.base import ParallelModel
+
+    real = ParallelModel.finish_grad_sync
+
+    def finish_grad_sync(self):
+        real(self)
+        if dist.get_rank() == 1:
+            for name, p in self.named_local_params():
+                if self.shards[name].comm is None and p.grad is not None:
+                    p.grad.mul_(3)
+
+    with mock.patch.object(ParallelModel, "finish_grad_sync", finish_grad_sync):
+        yield
+
+
 BREAKAGES = {
     "missing_allreduce": missing_allreduce,
     "wrong_zigzag_order": wrong_zigzag_order,
@@ -138,4 +159,5 @@ BREAKAGES = {
     "head_input_grad_not_reduced": head_input_grad_not_reduced,
     "decode_cached_everywhere": decode_cached_everywhere,
     "ring_head_local_softmax": ring_head_local_softmax,
+    "perturbed_replica_grad": perturbed_replica_grad,
 }

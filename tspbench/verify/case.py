@@ -47,6 +47,9 @@ class VerifyConfig(ParallelConfig):
     """cpu (gloo) | cuda (nccl)."""
     optimizer_step: bool = True
     """Also compare parameters after one AdamW step (float64 only; see the module docstring)."""
+    grad_bucket_elems: int = 0
+    """Gradient-sync bucket size in elements (0: the default, 2^25); a small value makes every bucketing path
+    run at test sizes (a lone gradient reduced in place, several gradients packed in one buffer)."""
     decode_steps: int = 0
     """Serving instead of training: prefill seq_len tokens into a KV cache, then decode this many tokens one
     at a time, comparing the prefill and every decode step's logits with the reference (tspbench/verify/serve.py)."""

@@ -1,22 +1,29 @@
 """Training parity: one case of `python -m tspbench.verify` (scheme vs the single-device model).
 
-Builds the reference and the sharded model from one seed, runs the same global batch through both
-(forward, backward, one AdamW step), gathers the sharded logits, every parameter gradient and every
-updated parameter back to full shape and compares them (tolerances: tspbench.verify.case).
+Builds the reference and the sharded model from one seed and runs the same global batch through both with
+the one training step everything shares (tspbench.schemes.train.train_step: forward, backward, gradient sync,
+one AdamW step). Then every rank puts its logits, every parameter gradient (after the sync, before the
+update) and every updated parameter back to full shape, and rank 0 compares EVERY rank's copy with the
+reference: a tensor's check is the worst rank's error, so one rank whose replicated copy drifted (a gradient
+synchronised on rank 0 only, a data-parallel replica left behind) fails the case (tolerances:
+tspbench.verify.case).
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from tspbench.config import DTYPES
 from tspbench.model import build_model, synthetic_batch, token_loss_sum
-from tspbench.verify.case import TOL, CaseResult, VerifyConfig
+from tspbench.verify.case import TOL, CaseResult, TensorCheck, VerifyConfig
 from tspbench.verify.case import breakage as _breakage
 from tspbench.verify.case import check_tensor as _check
+
+LR, WEIGHT_DECAY = 1e-2, 0.1  # a large step, so an optimizer that sees a wrong gradient visibly diverges
 
 
 def run_case(vc: VerifyConfig, breakage: str | None = None) -> CaseResult | None:
@@ -24,6 +31,7 @@ def run_case(vc: VerifyConfig, breakage: str | None = None) -> CaseResult | None
     from tspbench.measure.memory import saved_tensor_bytes
     from tspbench.schemes import ApplyArgs, apply_scheme, build_mesh
     from tspbench.schemes.comm import CommLog
+    from tspbench.schemes.train import MixedPrecisionAdamW, train_step
 
     par = vc.parallel()
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -32,52 +40,90 @@ def run_case(vc: VerifyConfig, breakage: str | None = None) -> CaseResult | None
     device = torch.device("cuda", torch.cuda.current_device()) if vc.device == "cuda" else torch.device("cpu")
     tokens, targets = synthetic_batch(vc.model, par.dp * vc.batch, vc.seq_len, vc.seed, device)
 
-    # -- sharded model ---------------------------------------------------------------------------------
+    # -- sharded model: the shared training step, observed at its phases ---------------------------------
     log = CommLog()
     mesh = build_mesh(par, device.type)
-    breaker = _breakage(breakage)
-    with breaker:
+    seen: dict[str, Any] = {}
+    with _breakage(breakage):
         pm = apply_scheme(vc.model, par, ApplyArgs(mesh, vc.seq_len, vc.seed, dtype, device, log))
+        if vc.grad_bucket_elems:
+            pm.grad_bucket_elems = vc.grad_bucket_elems
         tok, tgt, pos = pm.local_batch(tokens, targets)
+        opt = MixedPrecisionAdamW(list(pm.parameters()), lr=LR, weight_decay=WEIGHT_DECAY)
         saved = [0]
         param_keys = {p.untyped_storage().data_ptr() for p in pm.parameters()}
-        with saved_tensor_bytes(param_keys, saved):
-            loss, logits = pm.loss(tok, tgt, pos)
-        loss.backward()
-        comm_layer0 = log.summary("layer0")
-        ops0 = [(r.op, r.phase, r.numel, r.recv_numel) for r in log.records if r.tag == "layer0"]
-        edges = {tag: log.summary(tag) for tag in ("embed", "head")}
-        pm.finish_grad_sync()
-    replica_loss = pm.replica_loss(loss)
-    full_logits = pm.full_logits(logits.detach())
-    if pm.dp is not None:  # every replica's logits, in replica order
-        full_logits = pm.dp.all_gather(full_logits.contiguous(), 0)
+        forward_only = saved_tensor_bytes(param_keys, saved)  # bytes saved for backward by the forward
+        forward_only.__enter__()
+
+        def phase(name: str) -> None:
+            if name == "backward":
+                forward_only.__exit__(None, None, None)
+            if name == "grad_sync":  # layer 0's and the edges' collectives of one forward + backward
+                seen["comm"] = log.summary("layer0")
+                seen["ops"] = [(r.op, r.phase, r.numel, r.recv_numel) for r in log.records if r.tag == "layer0"]
+                seen["edges"] = {tag: log.summary(tag) for tag in ("embed", "head")}
+
+        def on_forward(loss: torch.Tensor, logits: torch.Tensor) -> None:
+            seen["loss"], seen["logits"] = loss.detach(), logits.detach()
+
+        def on_grads() -> None:  # after the sync, before the update changes the weights the logits came from
+            seen["grads"] = {n: p.grad.detach().clone() for n, p in pm.named_local_params() if p.grad is not None}
+            seen["full_logits"] = pm.full_logits(seen["logits"])  # (vocab=ring computes them from the head)
+
+        train_step(pm, opt, tok, tgt, pos, phase=phase, on_forward=on_forward, on_grads=on_grads)
+
+    # -- every rank's view, at full shape ------------------------------------------------------------------
+    replica_loss = pm.replica_loss(seen["loss"])
+    if pm.dp is not None:
         dist.all_reduce(replica_loss, group=pm.dp.group)
         replica_loss /= pm.dp.size
-    grads = pm.full_state(grads=True)
-    opt_step = vc.optimizer_step and vc.dtype == "float64"
-    if opt_step:
-        opt = torch.optim.AdamW(pm.parameters(), lr=1e-2, weight_decay=0.1)
-        opt.step()
-        params = pm.full_state(grads=False)
-    sizes: list = [None] * world
-    dist.all_gather_object(sizes, (pm.param_bytes(), saved[0]))
+    mine = {
+        "replica": pm.dp.rank if pm.dp is not None else 0,
+        "loss": replica_loss.cpu(),
+        "logits": seen["full_logits"].cpu(),
+        "grads": {k: v.cpu() for k, v in pm.full_state_of(seen["grads"]).items()},
+        "params": {k: v.cpu() for k, v in pm.full_state(grads=False).items()},
+        "sizes": (pm.param_bytes(), saved[0]),
+    }
+    everyone: list = [None] * world
+    dist.all_gather_object(everyone, mine)
     if rank != 0:
         return None
 
-    # -- reference, same seed, same global batch -------------------------------------------------------
+    # -- reference, same seed, same global batch, same optimizer ------------------------------------------
     ref = build_model(vc.model, vc.seed, dtype, device, recompute="none")
     ref_logits = ref(tokens)
     ref_loss = token_loss_sum(ref_logits, targets) / targets.numel()
     ref_loss.backward()
-    checks = [_check("loss", replica_loss, ref_loss, tol), _check("logits", full_logits, ref_logits, tol)]
     ref_params = dict(ref.named_parameters())
-    checks += [_check(f"grad/{n}", grads[n], _grad(p), tol) for n, p in ref_params.items()]
-    if opt_step:
-        torch.optim.AdamW(ref.parameters(), lr=1e-2, weight_decay=0.1).step()
-        checks += [_check(f"param/{n}", params[n], p, tol) for n, p in ref_params.items()]
+    ref_grads = {n: _grad(p).detach().clone() for n, p in ref_params.items()}
+    ref_opt = MixedPrecisionAdamW(list(ref.parameters()), lr=LR, weight_decay=WEIGHT_DECAY)
+    ref_opt.step()
+    b = vc.batch
+
+    def worst(name: str, got: list[torch.Tensor], want: list[torch.Tensor]) -> TensorCheck:
+        """The check of the rank furthest from the reference."""
+        return max((_check(name, g, w, tol) for g, w in zip(got, want)), key=lambda c: c.max_rel)
+
+    rows = [slice(r["replica"] * b, (r["replica"] + 1) * b) for r in everyone]
+    checks = [
+        worst("loss", [r["loss"] for r in everyone], [ref_loss] * world),
+        worst("logits", [r["logits"] for r in everyone], [ref_logits[s] for s in rows]),
+    ]
+    checks += [worst(f"grad/{n}", [r["grads"][n] for r in everyone], [g] * world) for n, g in ref_grads.items()]
+    # The AdamW step is compared in float64 only (tspbench.verify.case explains why).
+    if vc.optimizer_step and vc.dtype == "float64":
+        checks += [worst(f"param/{n}", [r["params"][n] for r in everyone], [p] * world) for n, p in ref_params.items()]
+    sizes = [r["sizes"] for r in everyone]
     return CaseResult(
-        asdict(vc), checks, comm_layer0, ops0, edges, [s[0] for s in sizes], [s[1] for s in sizes], breakage
+        asdict(vc),
+        checks,
+        seen["comm"],
+        seen["ops"],
+        seen["edges"],
+        [s[0] for s in sizes],
+        [s[1] for s in sizes],
+        breakage,
     )
 
 

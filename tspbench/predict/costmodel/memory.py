@@ -91,8 +91,11 @@ def attention_saved_bytes(
     Non-TSP schemes: the projections' input (h), Q after RoPE (h/T), K after RoPE and V (2h/(gT) per token,
     on the full sequence when exchanged, since the un-zigzagged all-gather is what SDPA saves), the output
     (h/T; twice for attend_shard, whose cat + flatten makes the copy W_O saves), the fp32 log-sum-exp (n_h/T)
-    and the RoPE cos/sin tables (d per position). TSP checkpoints every owner step, so only the step's input (h) and the
-    packed own attention shard ((2 + 2/g)·h²/D) stay alive.
+    and the RoPE cos/sin tables (d per position). recompute=selective re-runs the attention kernel in backward, so
+    its own saved output (a zigzag shard's chunk outputs) and log-sum-exp are not kept; W_O's input stays (the
+    flash kernel writes its output in [B, S, n, d] order, so without chunks that input is the kernel's output
+    itself). TSP checkpoints every owner step, so only the step's input (h) and the packed own attention shard
+    ((2 + 2/g)·h²/D) stay alive.
     """
     geo, b, h, g = geometry(par, seq_len, batch), BYTES[dtype], model.dim, model.gqa_ratio
     if par.scheme == "tsp":
@@ -100,12 +103,14 @@ def attention_saved_bytes(
         return geo.n_gemm * h * b + attn_w * b
     na, t = geo.n_gemm, geo.t
     kv_tok = geo.kv_tokens or na
+    selective = par.recompute == "selective"
+    out_copies = 2 if geo.chunked and not selective else 1
     return (
         geo.gemm_input_copies(3) * na * h * b
         + na * h / t * b
         + 2 * kv_tok * h / (g * t) * b
-        + na * h / t * b * (2 if geo.chunked else 1)
-        + na * model.n_heads / t * 4
+        + na * h / t * b * out_copies
+        + (0 if selective else na * model.n_heads / t * 4)
         + na / geo.batch * model.head_dim * b
     )  # cos/sin: per position, not per sequence
 

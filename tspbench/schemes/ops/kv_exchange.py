@@ -7,6 +7,8 @@ docs/method.md#choice-sp-variant).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from tspbench.schemes.comm import Comm, gather_from_sequence
@@ -15,18 +17,28 @@ from tspbench.schemes.ops.ring_attention import ring_attention
 
 
 def attend_sequence(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, comm: Comm | None, layout: SeqLayout, variant: str = "allgather"
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    comm: Comm | None,
+    layout: SeqLayout,
+    variant: str = "allgather",
+    core: Callable = lambda fn, *args: fn(*args),
 ) -> torch.Tensor:
     """Causal attention of local queries against the whole sequence's K/V, exchanged over `comm`.
 
     q: [B, n_q, S/Σ, d]; k, v: [B, n_kv, S/Σ, d], local zigzag order → [B, n_q, S/Σ, d]. `comm` None means
     Σ = 1 (a degenerate tp_sp factorisation): the local tokens are the whole sequence, nothing to exchange.
+    `core(fn, *args)` runs the attention kernel (model.CoreAttention.core: checkpointed under
+    recompute=selective, after the exchange, so the recompute moves no data; the ring interleaves its
+    exchange with the kernel, so its whole loop is the core and its hops are replayed).
     """
     if comm is None:
-        return attend_shard(q, k, v, layout)
+        return core(attend_shard, q, k, v, layout)
     if variant == "ring":
-        return ring_attention(q, k, v, comm, layout)
-    # all-gather fwd / reduce-scatter bwd; the gather is in rank order, unshard restores logical order
-    k_full = layout.unshard(gather_from_sequence(k, comm, dim=2), dim=2)  # [B, n_kv, S, d]
-    v_full = layout.unshard(gather_from_sequence(v, comm, dim=2), dim=2)  # [B, n_kv, S, d]
-    return attend_shard(q, k_full, v_full, layout)
+        return core(ring_attention, q, k, v, comm, layout)
+    # One all-gather of the packed [K; V] (one message, as tsp), reduce-scatter of [dK; dV] backward; the
+    # gather is in rank order, unshard restores logical order.
+    n_kv = k.shape[1]
+    kv = layout.unshard(gather_from_sequence(torch.cat([k, v], dim=1), comm, dim=2), dim=2)  # [B, 2·n_kv, S, d]
+    return core(attend_shard, q, kv[:, :n_kv], kv[:, n_kv:], layout)

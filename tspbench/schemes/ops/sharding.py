@@ -42,7 +42,7 @@ def build_mesh(par: ParallelConfig, device_type: str) -> DeviceMesh:
 
 
 def axis_comm(mesh: DeviceMesh, axis: str, log: CommLog) -> Comm:
-    return Comm(mesh.get_group(axis), log)
+    return Comm(mesh.get_group(axis), log, axis)
 
 
 @dataclass
@@ -103,6 +103,15 @@ class ApplyArgs:
             return None
         c = axis_comm(self.mesh, axis, self.log)
         return c if c.size > 1 else None
+
+    def flat(self, *axes: str) -> Comm | None:
+        """One group over several mesh axes (their ranks flattened, as torchtitan's dp_shard × cp), or the one
+        axis that has more than one rank, or None."""
+        names = [a for a in axes if self.comm(a) is not None]
+        if len(names) <= 1:
+            return self.comm(names[0]) if names else None
+        flat = self.mesh[tuple(names)]._flatten("+".join(names))  # cached by name: the same group every call
+        return Comm(flat.get_group(), self.log, "+".join(names))
 
     def need(self, axis: str) -> Comm:
         """The group of an axis the scheme cannot do without (validate_parallel guarantees degree ≥ 2)."""

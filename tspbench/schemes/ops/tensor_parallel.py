@@ -10,12 +10,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from tspbench.config import ModelConfig
-from tspbench.model import LayerKV, causal_attention, project_qkv, swiglu
+from tspbench.model import CoreAttention, LayerKV, causal_attention, project_qkv, swiglu
 from tspbench.schemes.comm import Comm, copy_to_region, reduce_from_region
 from tspbench.schemes.ops.decode import Decodable, decode_attend
 
 
-class TPAttention(nn.Module, Decodable):
+class TPAttention(nn.Module, Decodable, CoreAttention):
     """Heads split over the tensor group. `enter`/`exit` are the region mappings; tp_msp and tp_sp
     subclass this and change only them. Serving (schemes/ops/decode.py): `kv` caches this rank's heads during
     the prefill; with `decoding` set, one replicated token attends to the cache (Megatron's f and g)."""
@@ -37,7 +37,7 @@ class TPAttention(nn.Module, Decodable):
         return reduce_from_region(y, self.comm)  # g: all-reduce fwd, identity bwd
 
     def attend(self, q, k, v):
-        return causal_attention(q, k, v, q_offset=0)  # full sequence: plain causal
+        return self.core(causal_attention, q, k, v, 0)  # full sequence: plain causal
 
     def forward(self, x, positions):
         if self.decoding:
