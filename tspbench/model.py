@@ -97,9 +97,35 @@ def lower_right_bias(lq: int, lk: int) -> CausalBias:
     return bias
 
 
+class _SiluMul(torch.autograd.Function):
+    """silu(g) ⊙ u, saving only its inputs g and u and recomputing the activation in backward: Megatron's fused
+    `bias_swiglu` (and torchtitan's compiled SwiGLU) keep the same two tensors, not four."""
+
+    @staticmethod
+    def forward(ctx, g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(g, u)
+        return F.silu(g) * u
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor):
+        # In place where possible, so at most three intermediate-sized temporaries live at once (the memory
+        # model's MLP-backward moment counts them): sig, du, and dsilu turned into dg.
+        g, u = ctx.saved_tensors
+        sig = torch.sigmoid(g)
+        du = torch.mul(g, sig).mul_(dy)  # silu(g)·dy
+        dg = torch.sub(1, sig).mul_(g).add_(1).mul_(sig)  # silu'(g) = σ(g)·(1 + g·(1 − σ(g)))
+        del sig
+        return dg.mul_(dy).mul_(u), du
+
+
+def silu_mul(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    return _SiluMul.apply(g, u)
+
+
 def swiglu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor) -> torch.Tensor:
-    """(silu(x·W_gateᵀ) ⊙ x·W_upᵀ)·W_downᵀ — linear in each intermediate channel, so channel shards sum."""
-    return F.linear(F.silu(F.linear(x, w_gate)) * F.linear(x, w_up), w_down)
+    """(silu(x·W_gateᵀ) ⊙ x·W_upᵀ)·W_downᵀ — linear in each intermediate channel, so channel shards sum. Saves x,
+    the gate and up projections and the product (W_down's input): 3 intermediate-sized tensors per token."""
+    return F.linear(silu_mul(F.linear(x, w_gate), F.linear(x, w_up)), w_down)
 
 
 class LayerKV:

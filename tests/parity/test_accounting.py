@@ -54,9 +54,9 @@ def test_layer_volume_equals_formula(parity_results, cid):
 
 
 def selective_replay(vc) -> float:
-    """recompute=selective re-runs the core attention in backward. The all-gather variant exchanges K/V before
-    the kernel (nothing replayed); the ring interleaves its K/V hops with the kernel, so they are replayed."""
-    if vc.sp_variant != "ring" or vc.scheme not in ("sp", "tp_sp"):
+    """recompute=selective re-runs the core attention in backward, and for token-sharded schemes the core
+    includes the K/V exchange (TransformerEngine's context-parallel attention): one more forward K/V volume."""
+    if vc.scheme not in ("sp", "tp_sp") or (vc.scheme == "tp_sp" and vc.degree == vc.tp):
         return 0.0
     m, n = vc.model, vc.degree
     t = vc.tp if vc.scheme == "tp_sp" else 1

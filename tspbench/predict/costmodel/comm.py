@@ -59,8 +59,8 @@ def comm_per_layer(
         bwd["weights"] = 2 * fwd["weights"]  # TSP: weight re-send + weight-grad reduce
         if par.recompute == "full":
             bwd = {key: bwd[key] + fwd[key] for key in bwd}  # one more forward's worth
-        elif par.recompute == "selective" and par.sp_variant == "ring" and s in ("sp", "tp_sp"):
-            bwd["kv"] += fwd["kv"]  # the ring's K/V hops are part of the recomputed attention kernel
+        elif par.recompute == "selective" and s in ("sp", "tp_sp"):
+            bwd["kv"] += fwd["kv"]  # the K/V exchange is part of the recomputed core attention
     elif mode != "forward":
         raise ValueError(f"mode={mode!r} is unknown; allowed: train, forward")
 

@@ -11,10 +11,10 @@ models, B > 1, fp32 and dp > 1 (tests/test_estimate.py). Per layer without recom
 token of its residual stream / GEMM input, b = dtype bytes): two RMSNorms at 4h + b·h bytes (fp32 input
 copy + normalised tensor), the attention input h·b, Q h/T·b, K and V 2h/(gT)·b (full-sequence copies after
 a K/V all-gather), the output h/T·b (twice on the zigzag path), fp32 log-sum-exp and RoPE tables, the MLP
-input h·b and gate, silu, up, product 4·ffn/T·b; TSP checkpoints its owner steps and its MLP ring, so it
-keeps only the two norms, the attention and MLP inputs and the packed attention shard. Full recompute
-keeps each block's input (h·b per residual token) and rebuilds one block in backward. Korthikanti et al.'s
-34·s·b·h (GeLU MLP, dropout, no fp32 norm copies) does not describe this code.
+input h·b and gate, up, product 3·ffn/T·b (model.silu_mul keeps gate and up only, as Megatron's fused SwiGLU); TSP
+checkpoints its owner steps and its MLP ring, so it keeps only the two norms, the attention and MLP inputs and the
+packed attention shard. Full recompute keeps each block's input (h·b per residual token) and rebuilds one block in
+backward. Korthikanti et al.'s 34·s·b·h (GeLU MLP, dropout, no fp32 norm copies) does not describe this code.
 """
 
 from __future__ import annotations
@@ -91,19 +91,20 @@ def attention_saved_bytes(
     Non-TSP schemes: the projections' input (h), Q after RoPE (h/T), K after RoPE and V (2h/(gT) per token,
     on the full sequence when exchanged, since the un-zigzagged all-gather is what SDPA saves), the output
     (h/T; twice for attend_shard, whose cat + flatten makes the copy W_O saves), the fp32 log-sum-exp (n_h/T)
-    and the RoPE cos/sin tables (d per position). recompute=selective re-runs the attention kernel in backward, so
-    its own saved output (a zigzag shard's chunk outputs) and log-sum-exp are not kept; W_O's input stays (the
-    flash kernel writes its output in [B, S, n, d] order, so without chunks that input is the kernel's output
-    itself). TSP checkpoints every owner step, so only the step's input (h) and the packed own attention shard
-    ((2 + 2/g)·h²/D) stay alive.
+    and the RoPE cos/sin tables (d per position). recompute=selective re-runs the core attention in backward (for
+    token-sharded schemes the K/V exchange too), so its own saved tensors are not kept: the exchanged K/V (the
+    local K, V stay), a zigzag shard's chunk outputs, the log-sum-exp; W_O's input stays (the flash kernel writes
+    its output in [B, S, n, d] order, so without chunks that input is the kernel's output itself). TSP
+    checkpoints every owner step, so only the step's input (h) and the packed own attention shard ((2 + 2/g)·h²/D)
+    stay alive.
     """
     geo, b, h, g = geometry(par, seq_len, batch), BYTES[dtype], model.dim, model.gqa_ratio
     if par.scheme == "tsp":
         attn_w = h * model.head_dim * (2 * model.n_heads + 2 * model.n_kv_heads) / par.degree
         return geo.n_gemm * h * b + attn_w * b
     na, t = geo.n_gemm, geo.t
-    kv_tok = geo.kv_tokens or na
     selective = par.recompute == "selective"
+    kv_tok = na if selective else (geo.kv_tokens or na)  # selective: the exchanged K/V are rebuilt in backward
     out_copies = 2 if geo.chunked and not selective else 1
     return (
         geo.gemm_input_copies(3) * na * h * b
@@ -118,12 +119,12 @@ def attention_saved_bytes(
 def mlp_saved_bytes(
     model: ModelConfig, par: ParallelConfig, seq_len: int, batch: int, dtype: str = "bfloat16"
 ) -> float:
-    """MLP sub-block: its input (h) and gate, silu(gate), up, product (4·ffn/T) per token; TSP's ring
+    """MLP sub-block: its input (h) and gate, up, product (3·ffn/T) per token (silu is recomputed); TSP's ring
     keeps only its input (each shard's intermediate is recomputed in backward)."""
     geo, b, h = geometry(par, seq_len, batch), BYTES[dtype], model.dim
     if par.scheme == "tsp":
         return geo.n_gemm * h * b
-    return geo.gemm_input_copies(2) * geo.n_gemm * h * b + 4 * geo.n_gemm * model.ffn_hidden / geo.t * b
+    return geo.gemm_input_copies(2) * geo.n_gemm * h * b + 3 * geo.n_gemm * model.ffn_hidden / geo.t * b
 
 
 def layer_activation_bytes(
@@ -174,7 +175,7 @@ def layer_backward_working_set(
         d_out = geo.n_gemm * h * b
         copies = geo.gemm_input_copies(2)  # tp_msp, B > 1: + a contiguous copy of dY
         after_down = copies * d_out + ffn_a + ffn / geo.t * h * b  # dY, d(gate·up), dW_down
-        after_mul = 2 * ffn_a  # d(silu(gate)), d(up)
+        after_mul = 3 * ffn_a  # silu_mul backward: σ(gate), d(up), d(gate) (model._SiluMul; d(gate·up) freed)
         mlp = max(after_down, after_mul) + copies * res_grad
         # tp_msp: dY is the all-gather of the output gradient (B = 1: the residual gradient is its reduce-scatter)
         mlp_comm = 0.0

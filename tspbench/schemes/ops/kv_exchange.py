@@ -29,16 +29,21 @@ def attend_sequence(
 
     q: [B, n_q, S/Σ, d]; k, v: [B, n_kv, S/Σ, d], local zigzag order → [B, n_q, S/Σ, d]. `comm` None means
     Σ = 1 (a degenerate tp_sp factorisation): the local tokens are the whole sequence, nothing to exchange.
-    `core(fn, *args)` runs the attention kernel (model.CoreAttention.core: checkpointed under
-    recompute=selective, after the exchange, so the recompute moves no data; the ring interleaves its
-    exchange with the kernel, so its whole loop is the core and its hops are replayed).
+    `core(fn, *args)` runs the core attention (model.CoreAttention.core: checkpointed under
+    recompute=selective). The core is the exchange AND the kernel, as TransformerEngine's context-parallel
+    attention under Megatron's selective recompute: the whole-sequence K/V are not kept for backward but
+    exchanged again (docs/method.md#choice-recompute).
     """
     if comm is None:
         return core(attend_shard, q, k, v, layout)
     if variant == "ring":
         return core(ring_attention, q, k, v, comm, layout)
-    # One all-gather of the packed [K; V] (one message, as tsp), reduce-scatter of [dK; dV] backward; the
-    # gather is in rank order, unshard restores logical order.
+    return core(_allgather_attention, q, k, v, comm, layout)
+
+
+def _allgather_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, comm: Comm, layout: SeqLayout):
+    """One all-gather of the packed [K; V] (one message, as tsp), reduce-scatter of [dK; dV] backward; the gather
+    is in rank order, unshard restores logical order."""
     n_kv = k.shape[1]
     kv = layout.unshard(gather_from_sequence(torch.cat([k, v], dim=1), comm, dim=2), dim=2)  # [B, 2·n_kv, S, d]
-    return core(attend_shard, q, kv[:, :n_kv], kv[:, n_kv:], layout)
+    return attend_shard(q, kv[:, :n_kv], kv[:, n_kv:], layout)
