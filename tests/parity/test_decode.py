@@ -50,16 +50,17 @@ def test_broken_decode_is_caught(parity_results, cid):
 )
 def test_decode_step_collectives(parity_results, cid):
     """Layer 0 of one decode step. tp: the two all-reduces of B·h (f/g). tsp: all-gathers of q, k, v over
-    heads, the merge (max and denominator all-reduced, numerator reduce-scattered) and the two all-reduces;
-    no broadcast or ring hop: weights never move in decode. sp: only the three merge all-reduces."""
+    heads, the merge (max all-reduced, numerator and denominator packed and reduce-scattered over heads) and the
+    two all-reduces; no broadcast or ring hop: weights never move in decode. sp: only the two merge all-reduces
+    (max, then numerator‖denominator)."""
     world, vc, _ = DECODE[cid]
     ops = [o[0] for o in parity_results(world)[cid]["comm_ops_layer0"]]
     if vc.scheme == "tp":
         assert ops == ["all_reduce", "all_reduce"]
     elif vc.scheme == "tsp":
-        assert sorted(ops) == sorted(["all_gather"] * 3 + ["all_reduce"] * 4 + ["reduce_scatter"])
+        assert sorted(ops) == sorted(["all_gather"] * 3 + ["all_reduce"] * 3 + ["reduce_scatter"])
     else:
-        assert ops == ["all_reduce"] * 3
+        assert ops == ["all_reduce"] * 2
 
 
 @pytest.mark.parametrize("cid", [k for k, v in DECODE.items() if v[2] is None and v[1].dp == 1])

@@ -15,14 +15,12 @@ ownership, first match wins:
     comm_buffers   storages a c10d collective read or wrote (`torch.ops.c10d.*`: all-gather/reduce-scatter
                    outputs and staging copies, broadcast and ring buffers) that are not activations
     temporaries    everything else live at the peak (backward transients, recomputed activations, ...)
-Attention kernel (`attention=`). Fake tensors live on the CPU device, whose SDPA materialises the
-lower-right causal mask (Lq × Lk bools) and is not what a GPU runs. "gpu" (default unless
-hardware="cpu") routes `F.scaled_dot_product_attention` to the CUDA kernel the dispatcher picks (flash
-attention for 16-bit, memory-efficient attention for fp32; causal and lower-right causal as
-`torch.nn.attention.bias.CausalBias` dispatches them; GQA K/V passed to flash without repetition, repeated
-for memory-efficient attention, which has no GQA): it saves Q, K, V,
-the output and the fp32 log-sum-exp, nothing S×S. "native" keeps the CPU kernels (what a real gloo run
-executes; used by the estimate-vs-real tests).
+Attention kernel (`attention=`). Fake tensors live on the CPU device, whose kernels are not what a GPU
+runs. "gpu" (default unless hardware="cpu") runs attention on the CUDA kernels (flash attention for 16-bit,
+memory-efficient attention for fp32; GQA K/V passed to flash without repetition, repeated for
+memory-efficient attention, which has no GQA): they save Q, K, V, the output and the fp32 log-sum-exp,
+nothing S×S. "native" keeps the CPU kernels (what a real gloo run executes; used by the estimate-vs-real
+tests).
 
 The same tracker runs under FakeTensorMode (the estimate) and on real tensors (the checks against real
 CPU runs and tspbench.predict.gpu_check), so the two are compared one to one.
@@ -226,30 +224,31 @@ _PRIM_DEVICE = torch.ops.prim.device.default
 # ------------------------------------------------------------------------------------------- attention
 @contextlib.contextmanager
 def gpu_attention():
-    """Route `F.scaled_dot_product_attention` to the CUDA kernels (flash for 16-bit, memory-efficient
-    otherwise) the way `CausalBias` dispatches them on a GPU, so fake CPU tensors allocate what a GPU
-    allocates (no materialised mask, no S×S scores). Only causal calls (is_causal or a CausalBias) are
-    rerouted; anything else runs unchanged. The module attribute is patched (a TorchFunctionMode would
-    not be active in the recompute that activation checkpointing runs inside backward)."""
-    real = F.scaled_dot_product_attention
+    """Run attention on the CUDA kernels (flash for 16-bit, memory-efficient otherwise) even on fake CPU
+    tensors, so the estimate allocates what a GPU allocates (no materialised mask, no S×S scores): the square
+    causal calls of `F.scaled_dot_product_attention` are rerouted, and tspbench.attention's kernel choice
+    (used for zigzag chunks and decode) answers with the GPU family. Module attributes are patched (a
+    TorchFunctionMode would not be active in the recompute that activation checkpointing runs in backward)."""
+    from tspbench import attention
+
+    real, real_family = F.scaled_dot_product_attention, attention.kernel_family
 
     def sdpa(*args, **kwargs):
         out = _gpu_sdpa(*args, **kwargs)
         return real(*args, **kwargs) if out is None else out
 
-    F.scaled_dot_product_attention = sdpa
+    def kernel_family(q: torch.Tensor) -> str:
+        return "flash" if q.dtype in (torch.float16, torch.bfloat16) else "efficient"
+
+    F.scaled_dot_product_attention, attention.kernel_family = sdpa, kernel_family
     try:
         yield
     finally:
-        F.scaled_dot_product_attention = real
+        F.scaled_dot_product_attention, attention.kernel_family = real, real_family
 
 
 def _gpu_sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-    from torch.nn.attention.bias import CausalBias
-
-    if attn_mask is not None and not isinstance(attn_mask, CausalBias):
-        return None
-    if attn_mask is None and not is_causal:
+    if attn_mask is not None or not is_causal:
         return None
     if q.dtype in (torch.float16, torch.bfloat16):
         return torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, dropout_p, True, False, scale=scale)[0]

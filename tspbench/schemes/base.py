@@ -88,7 +88,7 @@ class ParallelModel(nn.Module):
             targets = targets.chunk(self.dp.size, 0)[self.dp.rank]
         if self.layout is None:
             return tokens, targets, torch.arange(tokens.shape[1], device=tokens.device)
-        pos = self.layout.positions.to(tokens.device)
+        pos = self.layout.positions
         return tokens[:, pos], targets[:, pos], pos
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

@@ -43,6 +43,13 @@ class CommLog:
     tag: str = ""
     enabled: bool = True
     in_backward_fn: bool = False  # inside an autograd Function's backward (not a recompute)
+    events: list[tuple[str, str]] = field(default_factory=list)
+    """The issue order: ("post" | "wait" | "compute", label) in the order they happened (async collectives are
+    posted, later waited; compute marks name the work they overlap with). The overlap tests read this."""
+
+    def event(self, kind: str, label: str) -> None:
+        if self.enabled:
+            self.events.append((kind, label))
 
     @contextlib.contextmanager
     def scope(self, tag: str, backward: bool = False):
@@ -57,6 +64,7 @@ class CommLog:
 
     def clear(self) -> None:
         self.records.clear()
+        self.events.clear()
 
     def summary(self, tag: str | None = None) -> dict[str, float]:
         """recv elements per phase (fwd / bwd) for one tag (or all)."""
@@ -72,6 +80,22 @@ _REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
 # of GPU images) only has the old ones. Same signature, same c10d op underneath.
 _all_gather_tensor = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _reduce_scatter_tensor = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+class Pending:
+    """An issued (asynchronous) collective. `wait()` blocks until it is done, records the wait in the log's
+    issue order, and returns the result (valid only after the wait)."""
+
+    def __init__(self, works, log: CommLog, label: str, result=None, finish=None, keep=None):
+        self.works, self.log, self.label, self.result, self.finish = list(works or []), log, label, result, finish
+        self.keep = keep  # a send buffer that must outlive the request
+
+    def wait(self):
+        for w in self.works:
+            w.wait()
+        self.works, self.keep = [], None
+        self.log.event("wait", self.label)
+        return self.finish(self.result) if self.finish is not None else self.result
 
 
 class Comm:
@@ -142,10 +166,12 @@ class Comm:
         dist.reduce(x, dst=self.global_rank(dst), group=self.group)
         return x
 
-    def start_shift(self, send: torch.Tensor, recv: torch.Tensor, offset: int = 1, tag: int = 0):
-        """Async ring hop: send `send` to rank+offset, receive `recv` from rank−offset. Returns the
-        requests; call `wait()` on each before reading `recv`. Concurrent hops between the same peers
-        need distinct `tag`s (gloo matches by tag; NCCL matches in issue order, which is the same)."""
+    def start_shift(
+        self, send: torch.Tensor, recv: torch.Tensor, offset: int = 1, tag: int = 0, label: str = "send_recv"
+    ) -> Pending:
+        """Async ring hop: send `send` to rank+offset, receive `recv` from rank−offset. `wait()` before
+        reading `recv` (or writing `send`). Concurrent hops between the same peers need distinct `tag`s (gloo
+        matches by tag; NCCL matches in issue order, which is the same)."""
         self.record("send_recv", recv, recv.numel())
         peer_to = self.global_rank((self.rank + offset) % self.size)
         peer_from = self.global_rank((self.rank - offset) % self.size)
@@ -153,7 +179,42 @@ class Comm:
             dist.P2POp(dist.isend, send.contiguous(), peer_to, self.group, tag),
             dist.P2POp(dist.irecv, recv, peer_from, self.group, tag),
         ]
-        return dist.batch_isend_irecv(ops)
+        self.log.event("post", label)
+        return Pending(dist.batch_isend_irecv(ops), self.log, label, recv, keep=send)
+
+    # ---- asynchronous collectives: post now, wait where the result is used --------------------------------
+    def start_broadcast(self, buf: torch.Tensor, src: int, label: str = "broadcast") -> Pending:
+        """`buf` of group rank `src` into every rank's `buf`."""
+        self.record("broadcast", buf, buf.numel() * (self.size - 1) / self.size)
+        self.log.event("post", label)
+        work = dist.broadcast(buf, src=self.global_rank(src), group=self.group, async_op=True)
+        return Pending([work], self.log, label, buf)
+
+    def start_reduce(self, buf: torch.Tensor, dst: int, label: str = "reduce") -> Pending:
+        """Sum of `buf` over ranks into group rank `dst`'s `buf` (the dual of broadcast)."""
+        self.record("reduce", buf, buf.numel() * (self.size - 1) / self.size)
+        self.log.event("post", label)
+        work = dist.reduce(buf, dst=self.global_rank(dst), group=self.group, async_op=True)
+        return Pending([work], self.log, label, buf)
+
+    def start_all_gather(self, x: torch.Tensor, out: torch.Tensor | None = None, label: str = "all_gather") -> Pending:
+        """Every rank's `x` concatenated along dim 0, in group-rank order, into `out` (allocated if None)."""
+        x = x.contiguous()
+        if out is None:
+            out = x.new_empty((self.size * x.shape[0], *x.shape[1:]))
+        self.record("all_gather", out, out.numel() * (self.size - 1) / self.size)
+        self.log.event("post", label)
+        work = _all_gather_tensor(out, x, group=self.group, async_op=True)
+        return Pending([work], self.log, label, out)
+
+    def start_reduce_scatter(self, x: torch.Tensor, label: str = "reduce_scatter") -> Pending:
+        """Sum over ranks of `x`, this rank's 1/p slice of dim 0 (the dual of start_all_gather)."""
+        x = x.contiguous()
+        out = x.new_empty((x.shape[0] // self.size, *x.shape[1:]))
+        self.record("reduce_scatter", x, x.numel() * (self.size - 1) / self.size)
+        self.log.event("post", label)
+        work = _reduce_scatter_tensor(out, x, group=self.group, async_op=True)
+        return Pending([work], self.log, label, out)
 
 
 # ---- differentiable region mappings ---------------------------------------------------------------
@@ -251,10 +312,7 @@ class _ShiftRing(torch.autograd.Function):
 
 def _shift(x: torch.Tensor, comm: Comm, offset: int) -> torch.Tensor:
     x = x.contiguous()  # the send reads this buffer; both requests complete before we return
-    recv = torch.empty_like(x)
-    for req in comm.start_shift(x, recv, offset):
-        req.wait()
-    return recv
+    return comm.start_shift(x, torch.empty_like(x), offset).wait()
 
 
 def copy_to_region(x: torch.Tensor, comm: Comm | None) -> torch.Tensor:

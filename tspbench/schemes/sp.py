@@ -73,7 +73,7 @@ class SPAttention(nn.Module, Decodable, CoreAttention):
 
 def apply(cfg: ModelConfig, par: ParallelConfig, args: ApplyArgs) -> ParallelModel:
     comm = args.need("sp")
-    layout = SeqLayout(args.seq_len, comm.size, comm.rank, zigzag=True)
+    layout = SeqLayout(args.seq_len, comm.size, comm.rank, zigzag=True, device=args.device)
     module, shards = meta_model(cfg, par.recompute)
     for block in module.blocks:  # MLP, norms: token-wise, the reference modules as they are
         block.attention = SPAttention(

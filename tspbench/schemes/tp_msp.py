@@ -80,7 +80,7 @@ def apply(cfg: ModelConfig, par: ParallelConfig, args: ApplyArgs) -> ParallelMod
         # vocab=replicated: embedding, norms and head on this rank's contiguous S/T tokens, their gradients
         # summed over the group; the loss shares sum over it.
         materialise_replicated(module, shards, args.seed, args.dtype, args.device, grad_sum=comm)
-        layout = SeqLayout(args.seq_len, comm.size, comm.rank, zigzag=False)
+        layout = SeqLayout(args.seq_len, comm.size, comm.rank, zigzag=False, device=args.device)
         return ParallelModel(module, par, check_shards(module, shards), args, layout=layout, seq=comm)
     vocab = shard_vocab(module, cfg, comm, args, shards, grad_sum=None, sequence_parallel=True)
     materialise_replicated(module, shards, args.seed, args.dtype, args.device, grad_sum=comm)

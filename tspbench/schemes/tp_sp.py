@@ -87,7 +87,7 @@ def _block_weights(
 
 def apply(cfg: ModelConfig, par: ParallelConfig, args: ApplyArgs) -> ParallelModel:
     tp, sp = args.comm("tp"), args.comm("sp")
-    layout = SeqLayout(args.seq_len, sp.size if sp else 1, sp.rank if sp else 0, zigzag=True)
+    layout = SeqLayout(args.seq_len, sp.size if sp else 1, sp.rank if sp else 0, zigzag=True, device=args.device)
     module, shards = meta_model(cfg, par.recompute)
     for i, block in enumerate(module.blocks):
         aw = _block_weights(block.attention, f"layers.{i}.attention", ATTN_SPLIT, tp, args, shards, sp)

@@ -178,7 +178,7 @@ class TSPMLP(nn.Module, Decodable):
 
 def apply(cfg: ModelConfig, par: ParallelConfig, args: ApplyArgs) -> ParallelModel:
     comm = args.need("tsp")
-    layout = SeqLayout(args.seq_len, comm.size, comm.rank, zigzag=True)
+    layout = SeqLayout(args.seq_len, comm.size, comm.rank, zigzag=True, device=args.device)
     module, shards = meta_model(cfg, par.recompute)
     for i, block in enumerate(module.blocks):
         block.attention = TSPAttention(

@@ -118,12 +118,12 @@ def comm_decode_per_layer(model: ModelConfig, par: ParallelConfig, batch: int) -
     """Elements received per device per layer in one decode step (tspbench/schemes/ops/decode.py): B new tokens,
     replicated on the group; the KV cache never moves.
         tp, tp_msp (T)  2 all-reduces of [B, h] (f/g)                              4·B·h·(T−1)/T
-        sp (Σ)          merge: all-reduce of max and denominator [B, n_h] and
-                        of the numerator [B, n_h, d]                               2·B·n_h·(d + 2)·(Σ−1)/Σ
+        sp (Σ)          merge: all-reduce of the max [B, n_h], then of numerator and
+                        denominator packed [B, n_h, d + 1]                         2·B·n_h·(d + 2)·(Σ−1)/Σ
         tp_sp           the two, the merge on the n_h/T local heads
-        tsp (D)         all-gather q, k, v over heads (B·(n_h + 2·n_kv)·d), the merge with the numerator
-                        reduce-scattered (B·n_h·d) and max / denominator all-reduced (4·B·n_h), and
-                        2 all-reduces of [B, h]:                                   B·(6h + 2h/g + 4·n_h)·(D−1)/D
+        tsp (D)         all-gather q, k, v over heads (B·(n_h + 2·n_kv)·d), the merge: max all-reduced
+                        (2·B·n_h), numerator‖denominator reduce-scattered over heads (B·n_h·(d + 1)),
+                        and 2 all-reduces of [B, h]:                               B·(6h + 2h/g + 3·n_h)·(D−1)/D
     """
     h, n_h, d, g, b = model.dim, model.n_heads, model.head_dim, model.gqa_ratio, batch
     lay, s = layout(par), par.scheme
@@ -138,7 +138,7 @@ def comm_decode_per_layer(model: ModelConfig, par: ParallelConfig, batch: int) -
     if s == "tp_sp":
         return 4 * b * h * f(lay.tp) + 2 * b * (n_h / lay.tp) * (d + 2) * f(lay.sp)
     if s == "tsp":
-        return b * (6 * h + 2 * h / g + 4 * n_h) * f(par.degree)
+        return b * (6 * h + 2 * h / g + 3 * n_h) * f(par.degree)
     return 0.0
 
 

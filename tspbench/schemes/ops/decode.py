@@ -23,7 +23,7 @@ Decode (`ParallelModel.decode`): one new token cannot be split D ways, so it is 
 
 Communication per layer and decode step (B·h elements are tiny next to the cache, which never moves):
     tp, tp_msp   2 all-reduces of B·h
-    sp           3 all-reduces of B·n_h·(d + 2) scalars (max, denominator, numerator)
+    sp           2 all-reduces: the max of B·n_h log-sum-exps, then numerator and denominator packed, B·n_h·(d + 1)
     tp_sp        both of the above, the merge on the local heads
     tsp          all-gather of q, k, v (B·(n_h + 2·n_kv)·d), the merge (its numerator reduce-scattered over
                  heads), 2 all-reduces of B·h
@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
+from tspbench.attention import attention_lse
 from tspbench.model import LayerKV
 from tspbench.schemes.comm import Comm
 
@@ -63,22 +64,20 @@ def is_owner(position: int, comm: Comm | None) -> bool:
 
 
 def partial_attention(q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None):
-    """One query position against cached keys that all precede it (no mask needed).
+    """One query position against cached keys that all precede it (no mask needed), on the attention kernel
+    with its log-sum-exp (tspbench/attention.py: K/V heads grouped natively, no fp32 copy of the cache).
 
     q: [B, n_q, 1, d]; k, v: [B, n_kv, L, d] (None or L = 0: no keys on this rank). Returns the output
-    normalised over these keys [B, n_q, 1, d] and its log-sum-exp [B, n_q, 1], in fp32 (fp64 for fp64)."""
+    normalised over these keys [B, n_q, 1, d] (q's dtype) and its log-sum-exp [B, n_q, 1] (fp32, fp64 for fp64)."""
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     if k is None or k.shape[2] == 0:
         return (
-            torch.zeros(q.shape, dtype=acc, device=q.device),
+            torch.zeros(q.shape, dtype=q.dtype, device=q.device),
             torch.full(q.shape[:-1], -math.inf, dtype=acc, device=q.device),
         )
     assert v is not None
-    g = q.shape[1] // k.shape[1]
-    kk, vv = (t.to(acc).repeat_interleave(g, dim=1) for t in (k, v))
-    s = (q.to(acc) @ kk.transpose(-1, -2)) / math.sqrt(q.shape[-1])  # [B, n_q, 1, L]
-    lse = torch.logsumexp(s, dim=-1)  # [B, n_q, 1]
-    return torch.exp(s - lse.unsqueeze(-1)) @ vv, lse
+    o, lse, *_ = attention_lse(q, k, v, causal=False)
+    return o, lse.to(acc)
 
 
 def merge_partials(o: torch.Tensor, lse: torch.Tensor, comm: Comm | None, scatter_heads: bool = False):
@@ -86,16 +85,14 @@ def merge_partials(o: torch.Tensor, lse: torch.Tensor, comm: Comm | None, scatte
     this rank's 1/p of the heads (dim 1), reduce-scattering the numerator instead of all-reducing it."""
     if comm is None:
         return o
-    m = comm.all_reduce(lse.clone(), op="max")  # [B, n_q, 1]
-    w = torch.exp(lse - m)  # a rank with no keys: 0
-    den = comm.all_reduce(w.clone())
-    num = o * w.unsqueeze(-1)
+    m = comm.all_reduce(lse.clone(), op="max")  # [B, n_q, 1], a common shift for every rank's weights
+    w = torch.exp(lse - m).unsqueeze(-1)  # a rank with no keys: 0
+    packed = torch.cat([o * w, w], dim=-1)  # [B, n_q, 1, d + 1]: numerator and denominator in one message
     if scatter_heads:
-        num = comm.reduce_scatter(num, dim=1)
-        den = den.chunk(comm.size, dim=1)[comm.rank]
+        packed = comm.reduce_scatter(packed, dim=1)  # this rank's heads only
     else:
-        num = comm.all_reduce(num)
-    return num / den.unsqueeze(-1)
+        packed = comm.all_reduce(packed)
+    return packed[..., :-1] / packed[..., -1:]
 
 
 def decode_attend(

@@ -20,10 +20,14 @@ from tspbench.model import causal_attention
 
 @dataclass(frozen=True)
 class SeqLayout:
+    """Which global tokens a rank holds. Every index tensor lives on `device` and is built once, so a step never
+    copies an index from host to device (on CUDA a blocking copy: a stream synchronisation per use)."""
+
     seq_len: int
     degree: int
     rank: int
     zigzag: bool = True
+    device: str | torch.device = "cpu"
 
     def chunks_of(self, rank: int) -> list[tuple[int, int]]:
         """(global start, length) of each contiguous run of tokens that `rank` holds, in local order."""
@@ -39,10 +43,18 @@ class SeqLayout:
     def chunks(self) -> list[tuple[int, int]]:
         return self.chunks_of(self.rank)
 
-    def positions_of(self, rank: int) -> torch.Tensor:
-        return torch.cat([torch.arange(s, s + n) for s, n in self.chunks_of(rank)])
-
     @cached_property
+    def _positions_by_rank(self) -> list[torch.Tensor]:
+        return [
+            torch.cat([torch.arange(s, s + n, device=self.device) for s, n in self.chunks_of(r)])
+            for r in range(self.degree)
+        ]
+
+    def positions_of(self, rank: int) -> torch.Tensor:
+        """Global positions of `rank`'s tokens, on the layout's device."""
+        return self._positions_by_rank[rank]
+
+    @property
     def positions(self) -> torch.Tensor:
         """Global positions of this rank's tokens (used for RoPE and masks)."""
         return self.positions_of(self.rank)
@@ -52,19 +64,29 @@ class SeqLayout:
         return self.seq_len // self.degree
 
     @cached_property
+    def rank_order(self) -> torch.Tensor:
+        """The logical positions in rank order (every rank's shard, concatenated).
+
+        rank-ordered = logical[rank_order]."""
+        return torch.cat(self._positions_by_rank)
+
+    @cached_property
     def gathered_order(self) -> torch.Tensor:
         """Permutation that turns an all-gather of every rank's shard (rank order) into logical order:
         logical[t] = gathered[gathered_order[t]]."""
-        cat = torch.cat([self.positions_of(r) for r in range(self.degree)])
-        return torch.argsort(cat)
+        return torch.argsort(self.rank_order)
 
     def shard(self, x: torch.Tensor, dim: int = 1) -> torch.Tensor:
         """This rank's tokens of a full-sequence tensor."""
-        return x.index_select(dim, self.positions.to(x.device))
+        return x.index_select(dim, self.positions)
 
     def unshard(self, gathered: torch.Tensor, dim: int = 1) -> torch.Tensor:
         """Logical order from the rank-order concatenation of all shards."""
-        return gathered.index_select(dim, self.gathered_order.to(gathered.device))
+        return gathered.index_select(dim, self.gathered_order)
+
+    def reshard(self, logical: torch.Tensor, dim: int = 1) -> torch.Tensor:
+        """Rank order (ready for a reduce-scatter into the shards) from the logical order (the inverse of unshard)."""
+        return logical.index_select(dim, self.rank_order)
 
 
 def attend_shard(q: torch.Tensor, k_full: torch.Tensor, v_full: torch.Tensor, layout: SeqLayout) -> torch.Tensor:

@@ -40,7 +40,7 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, comm: Comm
     # Accumulate in fp64 for fp64 inputs (parity runs), otherwise fp32 (the flash-attention convention).
     acc_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     qf = q.to(acc_dtype) * (1.0 / math.sqrt(q.shape[-1]))
-    pos_q = layout.positions.to(q.device)  # [S/Σ] global positions
+    pos_q = layout.positions  # [S/Σ] global positions, on the device
     m = q.new_full((*q.shape[:-1], 1), -math.inf, dtype=acc_dtype)  # [B, n_q, S/Σ, 1] running max
     l = torch.zeros_like(m)  # running denominator
     acc = torch.zeros(q.shape, dtype=acc_dtype, device=q.device)  # [B, n_q, S/Σ, d] running numerator
@@ -51,7 +51,7 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, comm: Comm
             kv = shift_ring(kv, comm)  # now holds rank (p − step)'s block
         src = (comm.rank - step) % comm.size
         kb, vb = (t.to(acc_dtype).repeat_interleave(g, dim=1) for t in kv.unbind(0))  # [B, n_q, S/Σ, d]
-        mask = layout.positions_of(src).to(q.device)[None, :] <= pos_q[:, None]  # [S/Σ q, S/Σ k]
+        mask = layout.positions_of(src)[None, :] <= pos_q[:, None]  # [S/Σ q, S/Σ k]
         s = (qf @ kb.transpose(-1, -2)).masked_fill(~mask, -math.inf)  # [B, n_q, S/Σ, S/Σ]
         # The max is only a stabilising shift (o does not depend on it), so it carries no gradient;
         # detaching also keeps −∞ out of autograd for rows this block masks completely.
