@@ -75,6 +75,10 @@ class ParallelConfig:
     """Data-parallel replicas; world size = dp × degree."""
     sp_variant: str = "allgather"
     """sp and tp_sp: K/V exchange, allgather (zigzag, default) or ring (peer-to-peer, online softmax)."""
+    kv_bucket_heads: int = 0
+    """tsp only: KV heads per K/V all-gather in the attention owner loop (head buckets: bucket b+1's all-gather is in
+    flight while bucket b's attention runs; smaller buckets bound the gathered K/V buffer). 0: all of an owner's
+    KV heads in one all-gather (docs/method.md#tsp-attention)."""
     recompute: str = "none"
     """Activation recompute: none; selective (Megatron's core-attention recompute: the attention kernel is re-run
     in backward from the saved q, k, v); or full (each block recomputed in backward)."""
@@ -169,6 +173,11 @@ def validate_parallel(
     )
     _need(p.degree >= 1, f"degree={p.degree} must be ≥ 1")
     _need(p.dp >= 1, f"dp={p.dp} must be ≥ 1")
+    _need(p.kv_bucket_heads >= 0, f"kv_bucket_heads={p.kv_bucket_heads} must be ≥ 0 (0: one all-gather per owner)")
+    _need(
+        p.kv_bucket_heads == 0 or p.scheme == "tsp",
+        f"kv_bucket_heads is a TSP option (scheme=tsp); scheme={p.scheme} takes kv_bucket_heads=0",
+    )
     _need(seq_len >= 1 and batch >= 1, f"seq_len={seq_len} and batch={batch} must be ≥ 1")
     if p.scheme == "single":
         _need(p.degree == 1, f"degree={p.degree} is not allowed for scheme=single; use degree=1")

@@ -4,29 +4,30 @@ Each rank p holds 1/D of every attention and MLP weight (owner shard p: heads p�
 KV heads; intermediate channels p·F·h/D …) AND 1/D of the tokens (zigzag: chunks p and 2D−1−p of 2D).
 Weights move at run time, activations stay put (docs/method.md#tsp).
 
-Attention (docs/method.md#tsp-attention), rank p, local tokens X_p:
-    for r in 0 … D−1:   W_r = broadcast(packed W_Q,K,V,O shard, src=r)
-                        Q = X_p·W_Qrᵀ;  K, V = all_gather_seq(X_p·W_Krᵀ, X_p·W_Vrᵀ)  (shard r's heads, all S tokens)
+Attention (docs/method.md#tsp-attention, schemes/ops/owner_attention.py), rank p, local tokens X_p:
+    for r in 0 … D−1:   W_r = broadcast(packed W_Q,K,V,O shard, src=r)     (r+1 posted before r computes)
+                        Q = X_p·W_Qrᵀ;  K, V = all_gather_seq(X_p·W_Krᵀ, X_p·W_Vrᵀ) per head bucket (next in flight)
                         Y_p += causal_attn(Q, K, V)·W_Orᵀ                           (local sum: no all-reduce)
-Gated MLP (docs/method.md#tsp-mlp): shards travel a ring (send to p+1, receive from p−1), double-buffered so shard
-t+1 is in flight while shard t computes; Y_p += SwiGLU_t(X_p) accumulates locally.
+Gated MLP (docs/method.md#tsp-mlp): shards travel a ring (send to p+1, receive from p−1) into two persistent
+buffers, the hop of shard t+1 posted before shard t computes; Y_p += SwiGLU_t(X_p) accumulates locally.
 
-Backward (docs/method.md#choice-backward, our design): attention re-broadcasts each shard and re-gathers its K/V
-(each owner step is recomputed, so nothing of size S is kept per shard); each shard's weight gradient is reduced to
-its owner (the dual of the broadcast) and dK/dV are reduce-scattered back to the token owners (the dual of the
-all-gather). The MLP re-circulates the weights and a gradient accumulator travels behind each shard, picking
-up every rank's partial dW and arriving summed at the owner after D−1 hops (a ring reduce-scatter). dX
-stays local. Norms, embedding and LM head are replicated and run on local tokens (docs/method.md#choice-embedding),
-so their gradients are all-reduced over the group; with vocab=ring the embedding and LM head are sharded 1/D and
-travel the same weight ring as the MLP (schemes/ops/vocab_ring.py, docs/method.md#choice-embedding).
+Backward (docs/method.md#tsp-backward): attention re-broadcasts each shard and re-gathers its K/V (communication
+only: q, the local k, v, the output and its log-sum-exp were kept, so nothing is recomputed); each shard's weight
+gradient is reduced to its owner (the dual of the broadcast) and dK/dV are reduce-scattered back to the token owners
+(the dual of the all-gather), both asynchronous. The MLP keeps each shard's gate and up, re-circulates the weights,
+and a gradient accumulator travels behind each shard, picking up every rank's partial dW and arriving summed at the
+owner after D−1 hops (a ring reduce-scatter). dX stays local. recompute=selective equals none for TSP; full replays
+the block in backward (docs/method.md#choice-recompute). Norms, embedding and LM head are replicated and run on local
+tokens (docs/method.md#choice-embedding), so their gradients are all-reduced over the group; with vocab=ring the
+embedding and LM head are sharded 1/D and travel the same weight ring as the MLP (schemes/ops/vocab_ring.py).
 
 Communication per layer per rank, forward (elements received; W = (2+2/g+3F)·h² weights, K = 2·B·S·h/g):
     D broadcasts of (2+2/g)·h²/D  +  D−1 ring hops of 3F·h²/D   → W·(D−1)/D
     D all-gathers of 2·B·S·h/(g·D)                              → K·(D−1)/D
-backward: the broadcasts and all-gathers again (recompute), D reduces (attention dW), D reduce-scatters
-(dK/dV), D−1 weight hops + D−1 gradient hops (MLP): (2W + 2K)·(D−1)/D, so 3W + 3K per layer in forward +
-backward. (docs/method.md#communication's 3W + 2K assumes the gathered K/V are kept from the forward instead of
-re-gathered; docs/method.md#choice-backward's default, followed here, re-gathers them.)
+backward: the broadcasts and all-gathers again, D reduces (attention dW), D reduce-scatters (dK/dV), D−1 weight hops
++ D−1 gradient hops (MLP): (2W + 2K)·(D−1)/D, so 3W + 3K per layer in forward + backward.
+(docs/method.md#communication's 3W + 2K assumes the gathered K/V are kept from the forward instead of re-gathered,
+which would cost the full-sequence K/V per layer in memory.)
 """
 
 from __future__ import annotations
@@ -34,15 +35,15 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 from tspbench.config import ModelConfig, ParallelConfig
-from tspbench.model import LayerKV, project_qkv, swiglu
+from tspbench.model import LayerKV, project_qkv, rope_cos_sin, swiglu
 from tspbench.schemes.base import ParallelModel
-from tspbench.schemes.comm import Comm, broadcast_from_owner, gather_from_sequence, reduce_from_region
+from tspbench.schemes.comm import Comm, reduce_from_region
 from tspbench.schemes.ops.decode import Decodable, decode_attend
-from tspbench.schemes.ops.layout import SeqLayout, attend_shard
-from tspbench.schemes.ops.ring import pack, ring_backward, ring_forward, unpack
+from tspbench.schemes.ops.layout import SeqLayout
+from tspbench.schemes.ops.owner_attention import OwnerAttention, OwnerPlan, owner_loop
+from tspbench.schemes.ops.ring import RingBuffers, pack, ring_backward, ring_forward, unpack
 from tspbench.schemes.ops.sharding import (
     ATTN_SPLIT,
     MLP_SPLIT,
@@ -55,139 +56,172 @@ from tspbench.schemes.ops.sharding import (
 from tspbench.schemes.ops.vocab_ring import ring_vocab
 
 
-# ---- attention: broadcast loop + K/V all-gather -------------------------------------------------------
+# ---- attention: double-buffered broadcast loop + bucketed K/V all-gather ---------------------------------
 class TSPAttention(nn.Module, Decodable):
-    """Serving (schemes/ops/decode.py): the prefill caches each owner step's K/V of the local tokens, so a rank
-    holds every head of its 1/D of the tokens; decode keeps the weights in place, all-gathers the new
-    token's queries over heads and merges the ranks' partial attentions back onto the head owners."""
+    """Training and prefill run the owner loop of schemes/ops/owner_attention.py. Serving
+    (schemes/ops/decode.py): the prefill caches each owner step's K/V of the local tokens, so a rank holds every
+    head of its 1/D of the tokens; decode keeps the weights in place, all-gathers the new token's q, k, v over
+    heads in one message and merges the ranks' partial attentions back onto the head owners."""
 
     kv: LayerKV | None = None
 
-    def __init__(self, w: dict[str, nn.Parameter], comm: Comm, layout: SeqLayout, cfg: ModelConfig):
+    def __init__(
+        self,
+        w: dict[str, nn.Parameter],
+        comm: Comm,
+        layout: SeqLayout,
+        cfg: ModelConfig,
+        bufs: RingBuffers,
+        buckets: int,
+    ):
         super().__init__()
         self.wq, self.wk, self.wv, self.wo = w["wq"], w["wk"], w["wv"], w["wo"]
-        self.comm, self.layout = comm, layout
+        self.comm, self.layout, self.bufs, self.kv_bucket_heads = comm, layout, bufs, buckets
         self.head_dim, self.theta = cfg.head_dim, cfg.rope_theta
-        self._prefill_kv: list[tuple[torch.Tensor, torch.Tensor]] = []
 
-    def owner_step(self, x: torch.Tensor, own: torch.Tensor, r: int, positions: torch.Tensor, tag: str) -> torch.Tensor:
-        """Owner r's contribution to this rank's output. x: [B, S/D, h] → [B, S/D, h]. `tag` keeps the
-        layer label on collectives replayed by the recompute in backward."""
-        shapes = [self.wq.shape, self.wk.shape, self.wv.shape, self.wo.shape]
-        with self.comm.log.scope(tag):
-            return self._owner_step(x, own, r, positions, shapes)
-
-    def _owner_step(self, x, own, r, positions, shapes):
-        wq, wk, wv, wo = unpack(broadcast_from_owner(own, self.comm, src=r), shapes)
-        q, k, v = project_qkv(x, wq, wk, wv, positions, self.head_dim, self.theta)  # [B, heads_r, S/D, d]
-        if self.kv is not None:  # prefill: owner r's heads of my tokens
-            self._prefill_kv.append((k.detach(), v.detach()))
-        n_kv = k.shape[1]
-        kv = gather_from_sequence(torch.cat([k, v], dim=1), self.comm, dim=2)  # [B, 2·n_kv/D, S, d]
-        kv = self.layout.unshard(kv, dim=2)  # zigzag → logical order
-        o = attend_shard(q, kv[:, :n_kv], kv[:, n_kv:], self.layout)  # [B, n_h/D, S/D, d]
-        return F.linear(o.transpose(1, 2).flatten(2), wo)
+    def _plan(self, own: torch.Tensor) -> OwnerPlan:
+        return OwnerPlan(
+            comm=self.comm,
+            layout=self.layout,
+            own=own,
+            shapes=[self.wq.shape, self.wk.shape, self.wv.shape, self.wo.shape],
+            head_dim=self.head_dim,
+            theta=self.theta,
+            kv_bucket_heads=self.kv_bucket_heads,
+            tag=self.comm.log.tag,
+            recv=self.bufs.get("attention_weights", own),
+            grads=self.bufs.get("attention_grads", own),
+        )
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         if self.decoding:
             return self.decode(x, positions)
-        own = pack([self.wq, self.wk, self.wv, self.wo])
-        y, tag = torch.zeros_like(x), self.comm.log.tag
-        for r in range(self.comm.size):
-            if torch.is_grad_enabled():
-                # Recompute in backward: re-broadcast shard r and re-gather its K/V rather than keep D
-                # shards and D full-sequence K/V alive until backward (that would undo the 1/D saving).
-                y = y + checkpoint(self.owner_step, x, own, r, positions, tag, use_reentrant=False)
-            else:
-                y = y + self.owner_step(x, own, r, positions, tag)
-        if self.kv is not None:  # every head of my tokens, in owner (= head) order
-            ks, vs = zip(*self._prefill_kv)
+        own = pack([self.wq.detach(), self.wk.detach(), self.wv.detach(), self.wo.detach()])
+        cos, sin = rope_cos_sin(positions, self.head_dim, self.theta, x.dtype)
+        plan = self._plan(own)
+        if self.kv is not None:  # prefill: every head of my tokens, in owner (= head) order
+            ks: list[torch.Tensor] = []
+            vs: list[torch.Tensor] = []
+
+            def cache(k: torch.Tensor, v: torch.Tensor) -> None:
+                ks.append(k)
+                vs.append(v)
+
+            y, _ = owner_loop(x, plan, cos, sin, on_kv=cache)
             self.kv.append(torch.cat(ks, dim=1), torch.cat(vs, dim=1))
-            self._prefill_kv.clear()
-        return y
+            return y
+        if not torch.is_grad_enabled():
+            return owner_loop(x, plan, cos, sin)[0]
+        return OwnerAttention.apply(x, self.wq, self.wk, self.wv, self.wo, plan, cos, sin)
 
     def decode(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """x: [B, 1, h], the same on every rank. My weight shard stays here; the token's q, k, v of my heads
-        are all-gathered over heads, the owner of `position` caches k, v, and the partial attentions over
-        each rank's cached tokens merge onto the head owners, whose W_O partial sums are all-reduced."""
+        are all-gathered over heads (one packed message), the owner of `position` caches k, v, and the partial
+        attentions over each rank's cached tokens merge onto the head owners, whose W_O partial sums are
+        all-reduced."""
         q, k, v = project_qkv(x, self.wq, self.wk, self.wv, positions, self.head_dim, self.theta)
-        q, k, v = (self.comm.all_gather(t.contiguous(), dim=1) for t in (q, k, v))  # every head, [B, ·, 1, d]
+        nq, nk = q.shape[1], k.shape[1]
+        qkv = self.comm.all_gather(torch.cat([q, k, v], 1).movedim(1, 0).contiguous(), dim=0)  # [D·(nq+2nk), B, 1, d]
+        qkv = qkv.unflatten(0, (self.comm.size, nq + 2 * nk)).movedim(0, 2)  # [nq+2nk, B, D, 1, d]
+        # rank-major heads (rank r's heads are r·n/D …): [n, B, D, 1, d] → [B, D, n, 1, d] → [B, D·n, 1, d]
+        q, k, v = (t.permute(1, 2, 0, 3, 4).flatten(1, 2) for t in qkv.split([nq, nk, nk], 0))
         o = decode_attend(q, k, v, self.kv, self.comm, self.decode_state.position, scatter_heads=True)  # my heads
         return reduce_from_region(F.linear(o.transpose(1, 2).flatten(2), self.wo), self.comm)
 
 
 # ---- gated MLP: weight ring, double-buffered --------------------------------------------------------
 class _RingMLP(torch.autograd.Function):
-    """Y = Σ_t SwiGLU(X; shard (p−t) mod D), shards hopping p → p+1 while the current one computes.
-    Backward re-circulates the shards; a gradient accumulator follows each one and lands on its owner
-    (schemes/ops/ring.py)."""
+    """Y = Σ_t SwiGLU(X; shard (p−t) mod D), shards hopping p → p+1 while the current one computes. Forward keeps
+    each shard's gate and up projections of my tokens (2·F·h/D per token and shard: 2·F·h per token in all, what
+    the single device keeps for its S tokens ÷ D); backward re-circulates the weights (their GEMMs need them) and
+    a gradient accumulator follows each shard to its owner (schemes/ops/ring.py). No GEMM is recomputed."""
 
     @staticmethod
-    def forward(ctx, x, w_gate, w_up, w_down, comm: Comm):
-        ctx.comm, ctx.tag = comm, comm.log.tag
-        ctx.save_for_backward(x, w_gate, w_up, w_down)
+    def forward(ctx, x, w_gate, w_up, w_down, comm: Comm, bufs: RingBuffers):
+        ctx.comm, ctx.tag, ctx.bufs = comm, comm.log.tag, bufs
         shapes = [w_gate.shape, w_up.shape, w_down.shape]
         y = torch.zeros_like(x)
+        kept: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * comm.size
 
         def step(owner, buf):
-            y.add_(swiglu(x, *unpack(buf, shapes)))  # partial over this shard's F·h/D channels
+            wg, wu, wd = unpack(buf, shapes)
+            g, u = F.linear(x, wg), F.linear(x, wu)
+            kept[owner] = (g, u)
+            y.add_(F.linear(F.silu(g) * u, wd))  # partial over this shard's F·h/D channels
 
-        ring_forward(comm, pack([w_gate, w_up, w_down]), step)
+        ring_forward(comm, pack([w_gate, w_up, w_down]), step, bufs, label=f"mlp:{ctx.tag}:fwd")
+        # through save_for_backward, so recompute=full's checkpoint can drop and rebuild them
+        ctx.save_for_backward(x, w_gate, w_up, w_down, *[t for gu in kept if gu is not None for t in gu])
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        x, w_gate, w_up, w_down = ctx.saved_tensors
+        x, w_gate, w_up, w_down, *flat = ctx.saved_tensors
         comm, shapes = ctx.comm, [w_gate.shape, w_up.shape, w_down.shape]
-        dx = torch.zeros_like(x)
+        kept: list = [(flat[2 * o], flat[2 * o + 1]) for o in range(comm.size)]
+        del flat
+        x2, dy2 = x.reshape(-1, x.shape[-1]), dy.reshape(-1, dy.shape[-1])
+        dx = torch.zeros_like(x2)
 
         def partial_grad(owner, buf):
-            dx_t, dw_t = _swiglu_grads(x, unpack(buf, shapes), dy)
-            dx.add_(dx_t)
-            return pack(dw_t)  # this rank's partial dW for the shard
+            wg, wu, wd = unpack(buf, shapes)
+            g, u = kept[owner]
+            kept[owner] = None
+            g2, u2 = g.reshape(-1, g.shape[-1]), u.reshape(-1, u.shape[-1])
+            sg = torch.sigmoid(g2)
+            act = g2 * sg  # silu(gate), recomputed elementwise
+            d_prod = dy2 @ wd  # [tokens, F/D]
+            dwd = dy2.t() @ (act * u2)
+            du = d_prod * act
+            dg = d_prod * u2 * sg * (1 + g2 * (1 - sg))
+            dx.add_(dg @ wg + du @ wu)
+            return torch.cat([(dg.t() @ x2).reshape(-1), (du.t() @ x2).reshape(-1), dwd.reshape(-1)])
 
         with comm.log.scope(ctx.tag, backward=True):
-            own_grad = ring_backward(comm, pack([w_gate, w_up, w_down]).detach(), partial_grad)
+            own_grad = ring_backward(
+                comm, pack([w_gate, w_up, w_down]).detach(), partial_grad, ctx.bufs, label=f"mlp:{ctx.tag}:bwd"
+            )
         dwg, dwu, dwd = unpack(own_grad, shapes)
-        return dx, dwg, dwu, dwd, None
-
-
-def _swiglu_grads(x, ws, dy):
-    """d/dx and d/dW of SwiGLU for one shard (recomputing its intermediate: nothing was stored)."""
-    with torch.enable_grad():
-        xg = x.detach().requires_grad_()
-        wg = [w.detach().requires_grad_() for w in ws]
-        out = swiglu(xg, *wg)
-        grads = torch.autograd.grad(out, [xg, *wg], dy)
-    return grads[0], list(grads[1:])
+        return dx.view_as(x), dwg, dwu, dwd, None, None
 
 
 class TSPMLP(nn.Module, Decodable):
-    def __init__(self, w: dict[str, nn.Parameter], comm: Comm):
+    def __init__(self, w: dict[str, nn.Parameter], comm: Comm, bufs: RingBuffers):
         super().__init__()
         self.w_gate, self.w_up, self.w_down = w["w_gate"], w["w_up"], w["w_down"]
-        self.comm = comm
+        self.comm, self.bufs = comm, bufs
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if (
-            self.decoding
-        ):  # one replicated token: my channels in place, partial sums all-reduced (docs/method.md#choice-decode)
+        if self.decoding:  # one replicated token: my channels in place, partial sums all-reduced
             return reduce_from_region(swiglu(x, self.w_gate, self.w_up, self.w_down), self.comm)
-        return _RingMLP.apply(x, self.w_gate, self.w_up, self.w_down, self.comm)
+        if not torch.is_grad_enabled():
+            y = torch.zeros_like(x)
+            shapes = [self.w_gate.shape, self.w_up.shape, self.w_down.shape]
+            own = pack([self.w_gate, self.w_up, self.w_down])
+
+            def step(_owner: int, buf: torch.Tensor) -> None:
+                y.add_(swiglu(x, *unpack(buf, shapes)))
+
+            ring_forward(self.comm, own, step, self.bufs)
+            return y
+        return _RingMLP.apply(x, self.w_gate, self.w_up, self.w_down, self.comm, self.bufs)
 
 
 def apply(cfg: ModelConfig, par: ParallelConfig, args: ApplyArgs) -> ParallelModel:
     comm = args.need("tsp")
     layout = SeqLayout(args.seq_len, comm.size, comm.rank, zigzag=True, device=args.device)
     module, shards = meta_model(cfg, par.recompute)
+    bufs = RingBuffers()  # the receive buffers every layer shares (one layer's loop ends before the next starts)
     for i, block in enumerate(module.blocks):
         block.attention = TSPAttention(
             shard_block_weights(block.attention, f"layers.{i}.attention", ATTN_SPLIT, comm, args, shards),
             comm,
             layout,
             cfg,
+            bufs,
+            par.kv_bucket_heads,
         )
-        block.mlp = TSPMLP(shard_block_weights(block.mlp, f"layers.{i}.mlp", MLP_SPLIT, comm, args, shards), comm)
+        block.mlp = TSPMLP(shard_block_weights(block.mlp, f"layers.{i}.mlp", MLP_SPLIT, comm, args, shards), comm, bufs)
     vocab = (
         ring_vocab(module, cfg, comm, args, shards) if par.vocab == "ring" else None
     )  # docs/method.md#choice-embedding

@@ -94,14 +94,15 @@ def attention_saved_bytes(
     and the RoPE cos/sin tables (d per position). recompute=selective re-runs the core attention in backward (for
     token-sharded schemes the K/V exchange too), so its own saved tensors are not kept: the exchanged K/V (the
     local K, V stay), a zigzag shard's chunk outputs, the log-sum-exp; W_O's input stays (the flash kernel writes
-    its output in [B, S, n, d] order, so without chunks that input is the kernel's output itself). TSP
-    checkpoints every owner step, so only the step's input (h) and the packed own attention shard ((2 + 2/g)·h²/D)
-    stay alive.
+    its output in [B, S, n, d] order, so without chunks that input is the kernel's output itself). TSP's owner
+    loop (schemes/ops/owner_attention.py) keeps, summed over the D owners, its input x (h), q (h), the local k, v
+    (2h/g), the output (h), the fp32 log-sum-exp (n_h) and cos/sin: the single device's minus the full-sequence
+    K/V, which backward re-gathers; selective equals none for TSP (nothing of the kernel's is left to drop).
     """
     geo, b, h, g = geometry(par, seq_len, batch), BYTES[dtype], model.dim, model.gqa_ratio
     if par.scheme == "tsp":
-        attn_w = h * model.head_dim * (2 * model.n_heads + 2 * model.n_kv_heads) / par.degree
-        return geo.n_gemm * h * b + attn_w * b
+        na = geo.n_gemm
+        return na * (3 * h + 2 * h / g) * b + na * model.n_heads * 4 + na / geo.batch * model.head_dim * b
     na, t = geo.n_gemm, geo.t
     selective = par.recompute == "selective"
     kv_tok = na if selective else (geo.kv_tokens or na)  # selective: the exchanged K/V are rebuilt in backward
@@ -120,10 +121,10 @@ def mlp_saved_bytes(
     model: ModelConfig, par: ParallelConfig, seq_len: int, batch: int, dtype: str = "bfloat16"
 ) -> float:
     """MLP sub-block: its input (h) and gate, up, product (3·ffn/T) per token (silu is recomputed); TSP's ring
-    keeps only its input (each shard's intermediate is recomputed in backward)."""
+    keeps its input and each shard's gate and up (2·ffn in all: the product is rebuilt elementwise in backward)."""
     geo, b, h = geometry(par, seq_len, batch), BYTES[dtype], model.dim
     if par.scheme == "tsp":
-        return geo.n_gemm * h * b
+        return geo.n_gemm * (h + 2 * model.ffn_hidden) * b
     return geo.gemm_input_copies(2) * geo.n_gemm * h * b + 3 * geo.n_gemm * model.ffn_hidden / geo.t * b
 
 
@@ -154,8 +155,9 @@ def layer_backward_working_set(
           gradient on the GEMM tokens (all-gathered in tp_msp) + d(gate·up) (ffn/T) + the W_down gradient
           slice, or gradients of gate and up (2·ffn/T), whichever is larger, + the residual-stream gradient.
           TSP's ring backward: 7 token-wise h-vectors (dx accumulator, the shard's dx pieces, residual
-          gradients) and 7 packed MLP shards 3·ffn·h/D (weight buffer + next, gradient accumulator + incoming,
-          the shard's packed and unpacked partial dW).
+          gradients), 4 of the shard's [tokens, ffn/D] elementwise terms (σ(gate), silu, d(gate·up), d(gate) /
+          d(up)) and 5 packed MLP shards 3·ffn·h/D (my packed shard, the partial dW pieces and their
+          concatenation, my own shard's gradient, the running sum), + the 2 gradient receive buffers (comm).
     norm  during the MLP-norm backward, with the attention part of the layer alive: RMSNorm's backward in
           fp32 holds 6 fp32 copies of its input (the saved fp32 input, the upcast gradient and the product /
           reduction terms), plus the residual-stream gradient; the layer's MLP weight gradients exist by then.
@@ -167,9 +169,9 @@ def layer_backward_working_set(
     attn = attention_saved_bytes(model, par, seq_len, batch, dtype)
     layer = layer_activation_bytes(model, par, seq_len, batch, dtype)
     res_grad = geo.n_res * h * b
-    if par.scheme == "tsp":
-        packed = 3 * ffn * h / par.degree * b
-        mlp, mlp_comm = 7 * geo.n_res * h * b + 7 * packed, 4 * packed
+    if par.scheme == "tsp":  # schemes/tsp.py _RingMLP.backward; the two weight receive buffers are persistent
+        packed, ffn_loc = 3 * ffn * h / par.degree * b, geo.n_gemm * ffn / par.degree * b
+        mlp, mlp_comm = 7 * geo.n_res * h * b + 4 * ffn_loc + 5 * packed, 2 * packed
     else:
         ffn_a = geo.n_gemm * ffn / geo.t * b
         d_out = geo.n_gemm * h * b
@@ -202,6 +204,18 @@ def head_saved_bytes(
         return geo.n_res * norm_saved_per_token(model, b) + geo.n_loss * (model.dim * b + 4)
     ids = 9 if vd > 1 else 0
     return geo.n_res * norm_saved_per_token(model, b) + geo.n_loss * (model.dim * b + model.vocab_size / vd * 4 + ids)
+
+
+def ring_buffer_bytes(model: ModelConfig, par: ParallelConfig, dtype: str = "bfloat16") -> float:
+    """TSP's persistent receive buffers (schemes/ops/ring.py RingBuffers, shared by every layer): two for the
+    attention shard being broadcast ((2 + 2/g)·h²/D) and two for the MLP shard on the ring (3·ffn·h/D),
+    allocated in the first forward and alive from then on. The gradient buffers of the same sizes appear in the
+    first backward (counted in its working set). 0 for other schemes."""
+    if par.scheme != "tsp":
+        return 0.0
+    h, d = model.dim, model.head_dim
+    attn = h * d * (2 * model.n_heads + 2 * model.n_kv_heads) / par.degree
+    return 2 * (attn + 3 * model.ffn_hidden * h / par.degree) * BYTES[dtype]
 
 
 def kv_cache_bytes(model: ModelConfig, par: ParallelConfig, seq_len: int, batch: int, dtype: str = "bfloat16") -> float:
@@ -276,8 +290,11 @@ def memory_phases(
     state = {key: n_dev * k[key] for key in ("params", "optimizer")}
     zero = dict.fromkeys(MEMORY_KEYS, 0.0)
 
+    ring = ring_buffer_bytes(model, par, dtype)  # allocated in forward, alive through the step
+
     def phase(**kv) -> dict[str, float]:
         out = {**zero, **state, **kv}
+        out["activations"] += ring
         out["total"] = sum(out[key] for key in MEMORY_KEYS)
         return out
 

@@ -25,7 +25,7 @@ Communication per layer and decode step (B·h elements are tiny next to the cach
     tp, tp_msp   2 all-reduces of B·h
     sp           2 all-reduces: the max of B·n_h log-sum-exps, then numerator and denominator packed, B·n_h·(d + 1)
     tp_sp        both of the above, the merge on the local heads
-    tsp          all-gather of q, k, v (B·(n_h + 2·n_kv)·d), the merge (its numerator reduce-scattered over
+    tsp          one all-gather of q, k, v packed (B·(n_h + 2·n_kv)·d), the merge (its numerator reduce-scattered over
                  heads), 2 all-reduces of B·h
 """
 

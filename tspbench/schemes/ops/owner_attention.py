@@ -1,0 +1,249 @@
+"""TSP attention as one autograd Function whose schedule is on the page (docs/method.md#tsp-attention,
+#tsp-backward, #choice-recompute).
+
+Rank p holds its tokens x [B, n, h] (n = S/D, zigzag) and owner shard p of W_Q, W_K, W_V, W_O (packed once per
+call into one flat buffer, the message a broadcast sends). Forward:
+
+    post broadcast(shard 0)
+    for owner r = 0 … D−1:
+        W_r = wait(broadcast r);  post broadcast(r + 1)            the next shard is in flight while r computes
+        q, k, v = RoPE(x·W_Qrᵀ), RoPE(x·W_Krᵀ), x·W_Vrᵀ           owner r's heads, my tokens
+        post all_gather(bucket 0 of [k; v])
+        for head bucket b:                                         `kv_bucket_heads` KV heads per all-gather
+            K, V = wait(gather b);  post all_gather(bucket b + 1)  the next bucket is in flight during b
+            o_b, lse_b = causal attention of my two query chunks against the whole sequence (tspbench/attention.py)
+        y += o·W_Orᵀ                                               my tokens only: no all-reduce
+    kept per owner: q, the local k and v, o and its log-sum-exp — 1/D of what the single device keeps; the
+    gathered K/V (the whole sequence) are dropped as soon as the bucket is done.
+Backward (dy), no recomputed GEMM or kernel forward:
+    post broadcast(shard 0)                                        a rank never keeps another owner's weights
+    for owner r: W_r = wait(broadcast r); post broadcast(r + 1)
+        do = dy·W_Or;  dW_O = dyᵀ·o
+        per bucket: K, V = wait(re-gather b); post re-gather(b + 1)   communication only (#choice-backward)
+                    dq, dK, dV = attention backward (from the kept o and log-sum-exp)
+                    post reduce_scatter([dK; dV]) → my tokens' dk, dv
+        dx += dq·W_Qr + dk·W_Kr + dv·W_Vr;  dW_Q, dW_K, dW_V = (dq, dk, dv)ᵀ·x
+        post reduce([dW_Q, dW_K, dW_V, dW_O] → owner r)           waited when its buffer is needed again
+Buffers: two receive buffers for broadcast shards and two for the packed gradient being reduced, shared by every
+layer (`RingBuffers`); at most one bucket's gathered K/V (and the next one in flight) per owner step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from tspbench.attention import chunk_backward, chunk_forward
+from tspbench.model import apply_rope
+from tspbench.schemes.comm import Comm
+from tspbench.schemes.ops.layout import SeqLayout
+from tspbench.schemes.ops.ring import pack, unpack
+
+
+@dataclass
+class OwnerPlan:
+    """Everything the owner loop needs besides the tensors; one per layer (tag), buffers shared by layers."""
+
+    comm: Comm
+    layout: SeqLayout
+    own: torch.Tensor | None  # this rank's packed [W_Q; W_K; W_V; W_O] shard (the parameters are views of it)
+    shapes: list[torch.Size]
+    head_dim: int
+    theta: float
+    kv_bucket_heads: int  # KV heads per all-gather; 0: all of an owner's KV heads in one
+    tag: str = ""
+    recv: list[torch.Tensor] = field(default_factory=list)  # two shard buffers (double-buffered broadcast)
+    grads: list[torch.Tensor] = field(default_factory=list)  # two packed-gradient buffers (async reduce)
+
+    def broadcast(self, owner: int, phase: str):
+        """Post the broadcast of `owner`'s shard: the owner sends straight from its packed parameters."""
+        buf = self.own if owner == self.comm.rank else self.recv[owner % 2]
+        assert buf is not None
+        return self.comm.start_broadcast(buf, owner, label=f"broadcast:{self.tag}:{phase}:owner{owner}")
+
+    def buckets(self, n_kv: int) -> list[tuple[int, int]]:
+        size = self.kv_bucket_heads or n_kv
+        return [(b, min(b + size, n_kv)) for b in range(0, n_kv, size)]
+
+    def gather(self, k: torch.Tensor, v: torch.Tensor, lo: int, hi: int, label: str):
+        """Post the all-gather of KV heads lo … hi−1 of [k; v] along the sequence (tokens moved first)."""
+        kv = torch.cat([k[:, lo:hi], v[:, lo:hi]], 1).movedim(2, 0)  # [n, B, 2·nb, d]
+        return self.comm.start_all_gather(kv, label=label)
+
+    def logical(self, gathered: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """[S (rank order), B, 2·nb, d] → K, V [B, nb, S, d] in logical order."""
+        kv = self.layout.unshard(gathered, dim=0).movedim(0, 2)
+        nb = kv.shape[1] // 2
+        return kv[:, :nb], kv[:, nb:]
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: SeqLayout):
+    """My query chunks (local order) against the whole sequence: o [B, H, n, d], lse [B, H, n], kernel states."""
+    outs, lses, states, lo = [], [], [], 0
+    for start, n in layout.chunks:
+        end = start + n
+        o, lse, st = chunk_forward(q[:, :, lo : lo + n], k[:, :, :end], v[:, :, :end], start)
+        outs.append(o)
+        lses.append(lse)
+        states.append(st)
+        lo += n
+    return torch.cat(outs, 2), torch.cat(lses, 2), states
+
+
+def _attend_backward(do, q, k, v, o, lse, states, layout: SeqLayout):
+    """dq [B, H, n, d] and dK, dV [B, Hk, S, d] of `_attend` (both chunks' key ranges overlap: summed)."""
+    dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    lo = 0
+    for (start, n), st in zip(layout.chunks, states):
+        end, sl = start + n, slice(lo, lo + n)
+        gq, gk, gv = chunk_backward(
+            do[:, :, sl], q[:, :, sl], k[:, :, :end], v[:, :, :end], o[:, :, sl], lse[:, :, sl], start, st
+        )
+        dq[:, :, sl] = gq
+        dk[:, :, :end] += gk
+        dv[:, :, :end] += gv
+        lo += n
+    return dq, dk, dv
+
+
+def _project(x, wq, wk, wv, cos, sin, head_dim):
+    """q, k (after RoPE), v [B, heads, n, d] of one owner's heads for my tokens."""
+    b, n, _ = x.shape
+    q = apply_rope(F.linear(x, wq).view(b, n, -1, head_dim), cos, sin).transpose(1, 2)
+    k = apply_rope(F.linear(x, wk).view(b, n, -1, head_dim), cos, sin).transpose(1, 2)
+    v = F.linear(x, wv).view(b, n, -1, head_dim).transpose(1, 2)
+    return q, k, v
+
+
+def owner_loop(x: torch.Tensor, plan: OwnerPlan, cos: torch.Tensor, sin: torch.Tensor, on_kv=None):
+    """The forward schedule (module docstring). Returns y and, per owner, what backward needs:
+    (q, k, v, o, lse, kernel states per bucket). `on_kv(k, v)` sees each owner's local k, v (the serving
+    prefill caches them)."""
+    comm, y, saved = plan.comm, torch.zeros_like(x), []
+    pending = plan.broadcast(0, "fwd")
+    for r in range(comm.size):
+        w = pending.wait()
+        if r + 1 < comm.size:
+            pending = plan.broadcast(r + 1, "fwd")
+        wq, wk, wv, wo = unpack(w, plan.shapes)
+        q, k, v = _project(x, wq, wk, wv, cos, sin, plan.head_dim)
+        if on_kv is not None:
+            on_kv(k, v)
+        g = q.shape[1] // k.shape[1]
+        buckets = plan.buckets(k.shape[1])
+        outs, lses, states = [], [], []
+        gathering = plan.gather(k, v, *buckets[0], f"all_gather:{plan.tag}:fwd:owner{r}:bucket0")
+        for i, (lo, hi) in enumerate(buckets):
+            kk, vv = plan.logical(gathering.wait())
+            if i + 1 < len(buckets):
+                gathering = plan.gather(k, v, *buckets[i + 1], f"all_gather:{plan.tag}:fwd:owner{r}:bucket{i + 1}")
+            comm.log.event("compute", f"attention:{plan.tag}:fwd:owner{r}:bucket{i}")
+            o_b, lse_b, st = _attend(q[:, lo * g : hi * g], kk, vv, plan.layout)
+            outs.append(o_b)
+            lses.append(lse_b)
+            states.append(st)
+            del kk, vv  # the whole sequence's K/V of this bucket: dropped before the next bucket arrives
+        o = torch.cat(outs, 1) if len(outs) > 1 else outs[0]  # [B, H_r, n, d]
+        y += F.linear(o.transpose(1, 2).flatten(2), wo)
+        saved.append((q, k, v, o, torch.cat(lses, 1) if len(lses) > 1 else lses[0], states))
+    return y, saved
+
+
+class OwnerAttention(torch.autograd.Function):
+    """y = Σ_r attention(x; owner r's shard). Inputs: x and this rank's own shard parameters, so autograd
+    returns the owner's reduced weight gradients to them."""
+
+    @staticmethod
+    def forward(ctx, x, wq, wk, wv, wo, plan: OwnerPlan, cos, sin):
+        y, saved = owner_loop(x, plan, cos, sin)
+        plan.own = None  # the packed copy of my shard is not kept for backward: re-packed there
+        # through save_for_backward (not ctx attributes), so recompute=full's checkpoint can drop and rebuild them
+        ctx.plan, ctx.states = plan, [per_owner[5] for per_owner in saved]
+        ctx.save_for_backward(x, cos, sin, wq, wk, wv, wo, *[t for per_owner in saved for t in per_owner[:5]])
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, cos, sin, wq, wk, wv, wo, *flat = ctx.saved_tensors
+        plan: OwnerPlan = ctx.plan
+        plan.own = pack([wq, wk, wv, wo])
+        saved = [(*flat[5 * r : 5 * r + 5], st) for r, st in enumerate(ctx.states)]
+        with plan.comm.log.scope(plan.tag, backward=True):
+            dx, own_grad = _owner_backward(dy.contiguous(), x, cos, sin, plan, saved)
+        del saved, flat
+        plan.own = None
+        return (dx, *unpack(own_grad, plan.shapes), None, None, None)
+
+
+def _owner_backward(dy, x, cos, sin, plan: OwnerPlan, saved):
+    """The backward schedule (module docstring): dx and this rank's own shard's packed gradient."""
+    comm, d = plan.comm, plan.head_dim
+    b, n, h = x.shape
+    x2, dy2 = x.reshape(b * n, h), dy.reshape(b * n, h)
+    dx2 = torch.zeros_like(x2)
+    reduces: list = [None, None]  # (owner, Pending) per gradient buffer
+    own_grad = None
+
+    def finish(slot: int) -> None:
+        nonlocal own_grad
+        if reduces[slot] is not None:
+            owner, pend = reduces[slot]
+            got = pend.wait()
+            if owner == comm.rank:
+                own_grad = got.clone()  # the buffer is reused by the next owner's reduce
+            reduces[slot] = None
+
+    pending = plan.broadcast(0, "bwd")
+    for r in range(comm.size):
+        w = pending.wait()
+        if r + 1 < comm.size:
+            pending = plan.broadcast(r + 1, "bwd")
+        wq, wk, wv, wo = unpack(w, plan.shapes)
+        q, k, v, o, lse, states = saved[r]
+        saved[r] = None  # free this owner's tensors as soon as they are used
+        n_kv = k.shape[1]
+        g = q.shape[1] // n_kv
+        do = F.linear(dy, wo.t()).view(b, n, -1, d).transpose(1, 2)  # [B, H_r, n, d]
+        dq = torch.empty_like(q)
+        buckets = plan.buckets(n_kv)
+        scatters = []
+        gathering = plan.gather(k, v, *buckets[0], f"all_gather:{plan.tag}:bwd:owner{r}:bucket0")
+        for i, (lo, hi) in enumerate(buckets):
+            hq = slice(lo * g, hi * g)
+            kk, vv = plan.logical(gathering.wait())
+            if i + 1 < len(buckets):
+                gathering = plan.gather(k, v, *buckets[i + 1], f"all_gather:{plan.tag}:bwd:owner{r}:bucket{i + 1}")
+            comm.log.event("compute", f"attention:{plan.tag}:bwd:owner{r}:bucket{i}")
+            dq[:, hq], dkk, dvv = _attend_backward(
+                do[:, hq], q[:, hq], kk, vv, o[:, hq], lse[:, hq], states[i], plan.layout
+            )
+            del kk, vv
+            dkv = plan.layout.reshard(torch.cat([dkk, dvv], 1), dim=2).movedim(2, 0)  # [S rank order, B, 2nb, d]
+            del dkk, dvv
+            scatters.append(
+                (lo, hi, comm.start_reduce_scatter(dkv, f"reduce_scatter:{plan.tag}:bwd:owner{r}:bucket{i}"))
+            )
+        dwo = dy2.t() @ o.transpose(1, 2).reshape(b * n, -1)  # [h, H_r·d], while the scatters are in flight
+        dk_loc = torch.empty((b, n_kv, n, d), dtype=x.dtype, device=x.device)
+        dv_loc = torch.empty_like(dk_loc)
+        for lo, hi, pend in scatters:  # waited here, where my tokens' dk, dv are used
+            dkv = pend.wait().movedim(0, 2)  # [B, 2nb, n, d]
+            dk_loc[:, lo:hi], dv_loc[:, lo:hi] = dkv[:, : hi - lo], dkv[:, hi - lo :]
+        dq2 = apply_rope(dq.transpose(1, 2), cos, -sin).reshape(b * n, -1)  # RoPE is a rotation: Rᵀ = R(−θ)
+        dk2 = apply_rope(dk_loc.transpose(1, 2), cos, -sin).reshape(b * n, -1)
+        dv2 = dv_loc.transpose(1, 2).reshape(b * n, -1)
+        dx2 += dq2 @ wq + dk2 @ wk + dv2 @ wv
+        slot = r % 2
+        finish(slot)  # this gradient buffer's previous reduce must be done before it is rewritten
+        buf = plan.grads[slot]
+        torch.cat(
+            [(dq2.t() @ x2).reshape(-1), (dk2.t() @ x2).reshape(-1), (dv2.t() @ x2).reshape(-1), dwo.reshape(-1)],
+            out=buf,
+        )
+        reduces[slot] = (r, comm.start_reduce(buf, r, f"reduce:{plan.tag}:bwd:owner{r}"))
+    finish(0)
+    finish(1)
+    assert own_grad is not None
+    return dx2.view_as(x), own_grad
