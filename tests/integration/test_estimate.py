@@ -250,3 +250,24 @@ def test_one_rank_of_an_8way_scheme_runs_alone_with_real_tensors():
     assert rec["tracked_real_gib"] > 0 and rec["cuda_max_allocated_gib"] is None
     assert rec["estimated_gib"] == pytest.approx(rec["tracked_real_gib"], rel=1e-6)
     assert rec["modelled_gib"] == pytest.approx(rec["tracked_real_gib"], rel=0.05)
+
+
+# ---------------------------------------------------------------------------------------------- FLOPs
+FLOP_MODEL = ModelConfig(name="flops", vocab_size=512, dim=128, n_layers=2, n_heads=8, n_kv_heads=4, ffn_hidden=256)
+
+
+@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
+@pytest.mark.parametrize(
+    "scheme,degree,tp", [("single", 1, 0), ("tp", 2, 0), ("tp_msp", 2, 0), ("sp", 2, 0), ("tp_sp", 4, 2), ("tsp", 2, 0)]
+)
+def test_hardware_flops_model_equals_counter(scheme, degree, tp, recompute):
+    """The cost model's executed FLOPs (HFU numerator, time model) equal what the estimate's FLOP counter sees in
+    the scheme's real step, for every scheme × recompute mode (costmodel.flops.hardware_flops_per_token). The
+    residual is the causal diagonal: a square causal block of L tokens computes L(L+1)/2 entries, the model's
+    c = ½ counts L²/2 (+1/L of the attention term: 0.2% of it at S = 512)."""
+    from tspbench.predict.costmodel.flops import hardware_flops_per_token
+
+    s = 512
+    par = ParallelConfig(scheme=scheme, degree=degree, tp=tp, recompute=recompute)
+    got = estimate(FLOP_MODEL, par, s, 1, dtype="bfloat16")["metrics"]["flops_per_token"]
+    assert got == pytest.approx(hardware_flops_per_token(FLOP_MODEL, s, "train", recompute, scheme), rel=2e-3)

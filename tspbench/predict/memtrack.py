@@ -93,6 +93,7 @@ class MemoryTracker(TorchDispatchMode):
         self.marks: dict[str, int] = {}
         self.flops = 0
         self.counting = False
+        self.host_transfers: list[str] = []  # see _check_host_transfer
         self._flop_formulas = _flop_registry()
         # A real backend may drop the last reference to a buffer on its own thread (gloo's work queue), so
         # the weakref callback can run there: every clock event takes this (re-entrant) lock.
@@ -116,10 +117,26 @@ class MemoryTracker(TorchDispatchMode):
             if isinstance(t, torch.Tensor):
                 self.note(t)
         if self.counting:
+            self._check_host_transfer(func, args, kwargs, out)
             formula = self._flop_formulas.get(func._overloadpacket)
             if formula is not None:
-                self.flops += formula(*args, **kwargs, out_val=out)
+                self.flops += formula(*args, **kwargs, out_val=out) * _causal_fraction(func, args, kwargs)
         return out
+
+    def _check_host_transfer(self, func, args, kwargs, out) -> None:
+        """Record an op of the measured step that moves data between host and device: a host tensor (not a 0-dim
+        scalar) copied onto an accelerator, or an accelerator tensor read on the host. On CUDA each is a
+        blocking copy, a stream synchronisation inside the step (`host_transfers`; the no-host-sync test)."""
+        if func in _HOST_READS:
+            self.host_transfers.append(str(func))
+            return
+        devs: dict[str, set[str]] = {"in": set(), "out": set()}
+        for key, tree in (("in", (args, kwargs)), ("out", out)):
+            for t in pytree.tree_leaves(tree):
+                if isinstance(t, torch.Tensor) and t.dim() > 0:
+                    devs[key].add((getattr(t, "fake_device", None) or t.device).type)
+        if len(devs["in"] | devs["out"]) > 1:
+            self.host_transfers.append(f"{func}: {sorted(devs['in'])} → {sorted(devs['out'])}")
 
     def note(self, t: torch.Tensor) -> _Storage | None:
         """Register t's storage if new (or grown by a resize); return its record."""
@@ -219,6 +236,22 @@ class MemoryTracker(TorchDispatchMode):
 
 
 _PRIM_DEVICE = torch.ops.prim.device.default
+_HOST_READS = (torch.ops.aten._local_scalar_dense.default,)  # .item(), bool(tensor), a Python number from a tensor
+
+
+def _causal_fraction(func, args, kwargs) -> float:
+    """The share of an attention call's Lq × Lk rectangle a causal kernel computes: (L + 1) / (2L) for the square
+    causal blocks tspbench hands to kernels (tspbench/attention.py), 1 otherwise. FlopCounterMode's attention
+    formulas count the whole rectangle whatever `is_causal` says; flash kernels skip the masked tiles."""
+    names = [a.name for a in func._schema.arguments]
+    if "is_causal" not in names:
+        return 1.0
+    i = names.index("is_causal")
+    causal = kwargs.get("is_causal", args[i] if i < len(args) else False)
+    if not causal:
+        return 1.0
+    length = args[names.index("query")].shape[-2] if "query" in names else args[0].shape[-2]
+    return (length + 1) / (2 * length)
 
 
 # ------------------------------------------------------------------------------------------- attention

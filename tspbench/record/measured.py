@@ -37,7 +37,7 @@ def build_record(
     peak, peak_src = flops_mod.peak_flops(dev0["device_name"], spec.device)
     f_causal = flops_per_token(cfg, spec.seq_len, mode=spec.mode, causal_halved=True)
     f_full = flops_per_token(cfg, spec.seq_len, mode=spec.mode, causal_halved=False)
-    f_hw = hardware_flops_per_token(cfg, spec.seq_len, spec.mode, spec.recompute)
+    f_hw = hardware_flops_per_token(cfg, spec.seq_len, spec.mode, spec.recompute, spec.scheme)
     tps = m["tokens_per_s"]
     m.update(
         {

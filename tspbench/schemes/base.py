@@ -89,7 +89,7 @@ class ParallelModel(nn.Module):
         if self.layout is None:
             return tokens, targets, torch.arange(tokens.shape[1], device=tokens.device)
         pos = self.layout.positions
-        return tokens[:, pos], targets[:, pos], pos
+        return tokens.index_select(1, pos), targets.index_select(1, pos), pos
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return self.module(tokens, positions)

@@ -21,7 +21,7 @@ def comm_per_layer(
     batch: int,
     *,
     mode: str = "forward",
-    regather_kv: bool = False,
+    regather_kv: bool | None = None,
 ) -> dict:
     """Elements received per device per layer, by kind (docs/method.md#communication), plus per-step `grad_sync`.
 
@@ -34,12 +34,14 @@ def comm_per_layer(
     Backward, no recompute: TP repeats its all-reduces; SP/TP×SP reduce-scatter dK/dV (= kv); TSP re-sends
     the weights (W) and reduces the weight gradients to their owners (W) and reduce-scatters dK/dV (K), so
     TSP is 3W + 2K forward + backward. `regather_kv=True` adds one K/V all-gather to the backward of
-    sp/tp_sp/tsp (docs/method.md#choice-backward default; the 3W + 2K of docs/method.md#communication keeps K/V
-    instead). Full recompute adds one more forward. `grad_sync` is per step, not per layer: the all-reduce over the
-    group of gradients that ranks holding different tokens compute for the same weights (ring all-reduce:
-    2·n·(p−1)/p received).
+    sp/tp_sp/tsp (default None: what the code does, True for tsp; the 3W + 2K of docs/method.md#communication
+    keeps K/V instead). Full recompute adds one more forward. `grad_sync` is per step, not per layer: the
+    all-reduce over the group of gradients that ranks holding different tokens compute for the same weights
+    (ring all-reduce: 2·n·(p−1)/p received).
     """
     lay, h, g, n = layout(par), model.dim, model.gqa_ratio, batch * seq_len
+    if regather_kv is None:  # what the code does: TSP re-gathers K/V in backward (schemes/ops/owner_attention.py)
+        regather_kv = par.scheme == "tsp"
     zero = {"weights": 0.0, "kv": 0.0, "activations": 0.0}
     fwd = dict(zero)
     s = par.scheme

@@ -48,9 +48,38 @@ def flops_per_token(
     return fwd * (4 if recompute else 3)
 
 
-def hardware_flops_per_token(model: ModelConfig, seq_len: int, mode: str, recompute: str) -> float:
-    """FLOPs actually executed (HFU numerator): model FLOPs (causal halved) + recomputed block forwards."""
-    total = flops_per_token(model, seq_len, mode=mode, causal_halved=True)
-    if mode == "train" and recompute == "full":
-        total += flops_per_token(model, seq_len, mode="forward", causal_halved=True, include_lm_head=False)
+def hardware_flops_per_token(
+    model: ModelConfig,
+    seq_len: int,
+    mode: str,
+    recompute: str,
+    scheme: str = "",
+    *,
+    layers: int | None = None,
+    include_lm_head: bool | None = None,
+    causal_halved: bool = True,
+) -> float:
+    """FLOPs actually executed per token (HFU numerator; the time model's compute), over the replica:
+    model FLOPs (causal halved) plus what the step re-executes, as the estimate's FLOP counter sees it:
+      flash backward   the kernel's backward recomputes the scores QKᵀ (five matmuls for the forward's two):
+                       + ½ attention forward per layer in training
+      recompute=full   every block forward again in backward, except (torch's non-reentrant checkpoint stops
+                       once the last saved tensor is rebuilt) the block's last GEMM, W_down (2·ffn·h); TSP's MLP
+                       is one autograd Function, so its replay runs whole
+      selective        the attention kernel's forward again (4·S·n_h·d·½ per layer), except for tsp, whose
+                       selective executes as none (docs/method.md#tsp-backward)
+    tests/integration/test_estimate.py holds this equal to the counter for every scheme × recompute mode."""
+    n_layers = model.n_layers if layers is None else layers
+    total = flops_per_token(
+        model, seq_len, mode=mode, causal_halved=causal_halved, layers=layers, include_lm_head=include_lm_head
+    )
+    if mode != "train":
+        return total
+    attn = 4 * seq_len * model.n_heads * model.head_dim * (0.5 if causal_halved else 1.0)  # one layer's forward
+    total += n_layers * attn / 2
+    if recompute == "full":
+        total += flops_per_token(model, seq_len, mode="forward", causal_halved=causal_halved, layers=n_layers)
+        total -= n_layers * 2 * model.ffn_hidden * model.dim if scheme != "tsp" else 0.0
+    if recompute == "selective" and scheme != "tsp":
+        total += n_layers * attn
     return total

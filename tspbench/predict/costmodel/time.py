@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from tspbench.config import ModelConfig, ParallelConfig
 from tspbench.predict.costmodel.comm import grad_sync_group
-from tspbench.predict.costmodel.flops import flops_per_token
+from tspbench.predict.costmodel.flops import hardware_flops_per_token
 from tspbench.predict.costmodel.hardware import HardwareProfile, load_hardware  # noqa: F401 (re-exported)
 from tspbench.predict.costmodel.memory import kv_cache_bytes
 from tspbench.predict.costmodel.params import (
@@ -68,7 +68,7 @@ def layer_collectives(
     batch: int,
     *,
     mode: str = "forward",
-    regather_kv: bool = False,
+    regather_kv: bool | None = None,
 ) -> list[tuple[str, int, float, int, int]]:
     """The collectives of one layer: (op, group size p, tensor elements n, span in ranks, count).
 
@@ -76,6 +76,8 @@ def layer_collectives(
     """
     lay, h, g, n = layout(par), model.dim, model.gqa_ratio, batch * seq_len
     s, t, sig = par.scheme, lay.tp, lay.sp
+    if regather_kv is None:  # what the code does (costmodel.comm.comm_per_layer)
+        regather_kv = s == "tsp"
     fwd: list[tuple[str, int, float, int, int]] = []
     bwd: list[tuple[str, int, float, int, int]] = []
     if s == "tp":
@@ -90,7 +92,7 @@ def layer_collectives(
             fwd += [("allreduce", t, n / sig * h, t, 2)]
         fwd += [kv]
         bwd += [c for c in fwd if c[0] == "allreduce"] + [("reduce_scatter",) + kv[1:]]
-        bwd += [kv] if regather_kv else []
+        bwd += [kv] if regather_kv or par.recompute == "selective" else []  # selective re-runs the exchange
     elif s == "tsp":
         d = par.degree
         attn_shard = layer_weight_params(model) - 3 * model.ffn_hidden * h
@@ -155,11 +157,11 @@ def step_time(
     layers: int | None = None,
     dtype: str = "bfloat16",
     causal_halved: bool = True,
-    regather_kv: bool = False,
+    regather_kv: bool | None = None,
 ) -> dict:
     """One replica's step on one device: compute, communication, and the step under the overlap rule.
 
-    Compute: the replica's FLOPs (HFU, i.e. with recompute when par.recompute == "full") split evenly over
+    Compute: the replica's executed FLOPs (flops.hardware_flops_per_token: recompute, flash backward) split over
     its ranks, except the LM head, which each rank runs on B·S/loss_div tokens × V/vocab_div classes.
     Communication: per-layer collectives × layers, the vocabulary-parallel embedding / head collectives
     (full model), plus (train) the in-group gradient all-reduce.
@@ -169,19 +171,19 @@ def step_time(
         raise ValueError(f"overlap={overlap!r} is unknown; allowed: none, ideal")
     lay, b = layout(par), BYTES[dtype]
     n_layers = model.n_layers if layers is None else layers
-    recompute = mode == "train" and par.recompute == "full"
-    body = flops_per_token(
+    body = hardware_flops_per_token(  # what the step executes, recompute included (flops.py)
         model,
         seq_len,
-        mode=mode,
-        causal_halved=causal_halved,
+        mode,
+        par.recompute,
+        par.scheme,
         layers=n_layers,
         include_lm_head=False,
-        recompute=recompute,
+        causal_halved=causal_halved,
     )
     flops = batch * seq_len * body / par.degree
-    if layers is None:  # LM head: 2·V·h per token, ×3 (×4) in training
-        mult = 1 if mode == "forward" else (4 if recompute else 3)
+    if layers is None:  # LM head: 2·V·h per token, ×3 in training (never checkpointed)
+        mult = 1 if mode == "forward" else 3
         if par.vocab == "ring":  # every class for the rank's tokens; backward recomputes the logits
             flops += batch * seq_len / lay.loss_div * 2 * model.vocab_size * model.dim * (mult + (mult > 1))
         else:
@@ -215,16 +217,15 @@ def decode_collectives(model: ModelConfig, par: ParallelConfig, batch: int) -> l
     if s in ("sp", "tp_sp") and lay.sp > 1:
         heads = n_h / lay.tp
         out += [
-            ("allreduce", lay.sp, b * heads, par.degree, 2),  # max and denominator
-            ("allreduce", lay.sp, b * heads * d, par.degree, 1),
-        ]  # numerator
+            ("allreduce", lay.sp, b * heads, par.degree, 1),  # the max
+            ("allreduce", lay.sp, b * heads * (d + 1), par.degree, 1),  # numerator ‖ denominator
+        ]
     if s == "tsp":
         p = par.degree
         out += [
-            ("allgather", p, b * n_h * d, p, 1),
-            ("allgather", p, b * model.n_kv_heads * d, p, 2),
-            ("allreduce", p, b * n_h, p, 2),
-            ("reduce_scatter", p, b * n_h * d, p, 1),
+            ("allgather", p, b * (n_h + 2 * model.n_kv_heads) * d, p, 1),  # q, k, v packed
+            ("allreduce", p, b * n_h, p, 1),  # the max
+            ("reduce_scatter", p, b * n_h * (d + 1), p, 1),  # numerator ‖ denominator, onto the head owners
             ("allreduce", p, b * h, p, 2),
         ]
     return out

@@ -1,0 +1,128 @@
+"""No host synchronisation inside a step (issue: TSP at accelerator speed, §1 "Host synchronisation").
+
+On CUDA a host→device copy of an index, or a device→host read (`.item()`, `bool(tensor)`), blocks the host
+until the stream drains: one synchronisation per use, hundreds per step if it sits in a per-owner loop. This
+machine has no GPU, and a CPU build of torch cannot run autograd on fake CUDA tensors, so the step runs on the
+`meta` device — a non-host device that holds no data — under the estimate's fake process group. There:
+- a host tensor (not a 0-dim scalar) meeting a device tensor is either a device-mismatch error or, for an
+  explicit copy (`.to(device)`), an op the tracker records (`MemoryTracker.host_transfers`);
+- a read of a device value on the host (`.item()`) is `aten._local_scalar_dense`, also recorded (and on meta
+  tensors an error).
+Excluded, and why: the optimizer update (torch's fused AdamW, elementwise, no indices; its fp32→bf16 copy has no
+meta kernel path in a CPU build) and the P2P transport itself (`batch_isend_irecv` has no meta backend in the fake
+process group; the ring's indexing and bookkeeping around it still run). The same detector catches a layout whose
+indices live on the host (the broken variant below).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from unittest import mock
+
+import pytest
+import torch
+
+from tspbench.config import ModelConfig, ParallelConfig
+from tspbench.predict.estimate import _fake_patches, fake_process_group, trace_step
+from tspbench.predict.memtrack import MemoryTracker
+
+TINY = ModelConfig(name="tiny", vocab_size=128, dim=64, n_layers=2, n_heads=8, n_kv_heads=8, ffn_hidden=128)
+LAYOUTS = [
+    ("tp", 2, {}),
+    ("tp_msp", 2, {}),
+    ("sp", 2, {}),
+    ("sp", 2, {"sp_variant": "ring"}),
+    ("tp_sp", 4, {"tp": 2}),
+    ("tsp", 2, {}),
+    ("tsp", 4, {"kv_bucket_heads": 1}),
+    ("tsp", 2, {"vocab": "ring"}),
+]
+
+
+@contextlib.contextmanager
+def _meta_step():
+    with (
+        mock.patch("tspbench.schemes.train.MixedPrecisionAdamW.step", lambda self: None),
+        mock.patch("torch.distributed.batch_isend_irecv", lambda ops: []),
+    ):
+        yield
+
+
+def _train_transfers(par: ParallelConfig, mode: str) -> list[str]:
+    with _meta_step(), fake_process_group(par.world_size, 0):
+        tr = trace_step(TINY, par, 64, 1, mode=mode, dtype="bfloat16", device="meta", fake=True, attention="gpu")
+    return tr.tracker.host_transfers
+
+
+def _decode_transfers(par: ParallelConfig) -> list[str]:
+    """Prefill 64 tokens, then two decode steps, with the tracker watching the decode steps only."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from tspbench.schemes import ApplyArgs, apply_scheme, build_mesh
+
+    tracker = MemoryTracker()
+    with _meta_step(), fake_process_group(par.world_size, 0):
+        mesh = build_mesh(par, "cpu")
+        with FakeTensorMode(), _fake_patches(), torch.no_grad(), tracker:
+            pm = apply_scheme(TINY, par, ApplyArgs(mesh, 64, 0, torch.bfloat16, "meta"))
+            pm.start_kv_cache(2)
+            tokens = torch.zeros((par.dp, 66), dtype=torch.long, device="meta")
+            tok, _, pos = pm.local_batch(tokens[:, :64], tokens[:, :64])
+            pm(tok, pos)
+            tracker.counting = True
+            for t in (64, 65):
+                pm.decode(tokens[:, t : t + 1], t)
+            tracker.counting = False
+    return tracker.host_transfers
+
+
+@pytest.mark.parametrize("scheme,degree,extra", LAYOUTS)
+@pytest.mark.parametrize("mode", ["train", "forward"])
+def test_step_has_no_host_transfer(scheme, degree, extra, mode):
+    par = ParallelConfig(scheme=scheme, degree=degree, **extra)
+    assert _train_transfers(par, mode) == []
+
+
+@pytest.mark.parametrize("scheme,degree,extra", [c for c in LAYOUTS if c[2].get("vocab") != "ring"])
+def test_decode_step_has_no_host_transfer(scheme, degree, extra):
+    par = ParallelConfig(scheme=scheme, degree=degree, **extra)
+    assert _decode_transfers(par) == []
+
+
+def test_host_indices_are_caught():
+    """Broken variant: the zigzag layout builds its indices on the host and copies them to the device per use (what
+    `SeqLayout.unshard` did before)."""
+    from tspbench.schemes.ops.layout import SeqLayout
+
+    real = SeqLayout.gathered_order.func  # type: ignore[attr-defined]
+
+    def on_host(self):
+        return real(self).cpu()
+
+    def unshard(self, gathered, dim=1):
+        return gathered.index_select(dim, self.gathered_order.to(gathered.device))
+
+    broken = SeqLayout.__dict__["gathered_order"]
+    with mock.patch.object(broken, "func", on_host), mock.patch.object(SeqLayout, "unshard", unshard):
+        found = _train_transfers(ParallelConfig(scheme="tsp", degree=2), "train")
+    assert found and all("_to_copy" in f or "copy" in f for f in found), found
+
+
+def test_host_read_is_caught():
+    """Broken variant: a host read of a device value inside the step (`.item()`): on the meta device it cannot
+    pass silently — the tracker records it or the read itself fails."""
+    from tspbench.schemes import base
+
+    real = base.ParallelModel.forward
+
+    def forward(self, tokens, positions):
+        out = real(self, tokens, positions)
+        out.sum().item()
+        return out
+
+    with mock.patch.object(base.ParallelModel, "forward", forward):
+        try:
+            found = _train_transfers(ParallelConfig(scheme="tp", degree=2), "forward")
+        except RuntimeError as err:
+            found = [str(err)]
+    assert any("_local_scalar_dense" in f or "item" in f for f in found), found
