@@ -111,6 +111,8 @@ def cases_for_world(world: int) -> list[tuple[VerifyConfig, str | None]]:
         out.append((replace(_vc(MHA, "single", 1, dp=4), grad_bucket_elems=SMALL_BUCKET), None))
     for model, scheme, degree, tp, rc in KV_REPLICATED.get(world, []):
         out.append((_vc(model, scheme, degree, tp=tp, recompute=rc), None))
+    if world == 8:  # MQA at T = 2 with 2 replicas: the K/V gradient all-reduce spans dp × sp × the 2 tensor ranks
+        out.append((_vc(KV1, "tp_sp", 4, tp=2, dp=2), None))
     if world == 8:
         for scheme in ("tsp", "sp"):
             for model in (MHA, GQA8):
