@@ -19,6 +19,15 @@ GQA8 = replace(MHA, name="tiny_gqa8", n_heads=16, n_kv_heads=8)  # g = 2 at D = 
 # D = 3: heads, KV heads, channels and vocabulary divisible by 3; S = 36 (zigzag: 2·3 | S; tp_msp: 3 | S)
 MHA3 = ModelConfig(name="tiny3", vocab_size=132, dim=96, n_layers=2, n_heads=6, n_kv_heads=6, ffn_hidden=192)
 GQA3 = replace(MHA3, name="tiny3_gqa", n_kv_heads=3)
+# GQA with fewer KV heads than the tensor degree: each KV head replicated over T/n_kv ranks (Megatron)
+KV2 = replace(MHA, name="tiny_kv2", n_kv_heads=2)  # at T = 4: each KV head on 2 ranks
+KV1 = replace(MHA, name="tiny_kv1", n_kv_heads=1)  # MQA at T = 8: the one KV head on every rank
+# world → (model, scheme, degree, tp, recompute)
+KV_REPLICATED = {
+    4: [(KV2, s, 4, 0, "none") for s in ("tp", "tp_msp", "tsp")] + [(KV2, "tsp", 4, 0, "selective")],
+    8: [(KV1, s, 8, 0, "none") for s in ("tp", "tp_msp", "tsp")]
+    + [(KV2, "tp_sp", 8, 4, "none"), (KV1, "tp_sp", 8, 4, "none"), (KV2, "tp_sp", 8, 4, "selective")],
+}
 RECOMPUTE = ("none", "selective", "full")
 SMALL_BUCKET = 512  # elements: gradient buckets of one lone gradient and of several packed ones both occur
 
@@ -100,6 +109,10 @@ def cases_for_world(world: int) -> list[tuple[VerifyConfig, str | None]]:
             out.append((replace(_vc(MHA, scheme, 2, variant, tp, dp=2), grad_bucket_elems=SMALL_BUCKET), None))
         out.append((_vc(MHA, "single", 1, dp=4), None))
         out.append((replace(_vc(MHA, "single", 1, dp=4), grad_bucket_elems=SMALL_BUCKET), None))
+    for model, scheme, degree, tp, rc in KV_REPLICATED.get(world, []):
+        out.append((_vc(model, scheme, degree, tp=tp, recompute=rc), None))
+    if world == 8:  # MQA at T = 2 with 2 replicas: the K/V gradient all-reduce spans dp × sp × the 2 tensor ranks
+        out.append((_vc(KV1, "tp_sp", 4, tp=2, dp=2), None))
     if world == 8:
         for scheme in ("tsp", "sp"):
             for model in (MHA, GQA8):
@@ -140,6 +153,9 @@ def cases_for_world(world: int) -> list[tuple[VerifyConfig, str | None]]:
             (_vc(MHA, "tsp", 4), "skipped_ring_hop"),
             (_vc(MHA, "tp_sp", 4, tp=2), "wrong_zigzag_order"),
             (_vc(MHA, "tp_sp", 4, tp=2), "head_input_grad_not_reduced"),
+            # replicated KV heads whose gradients are summed over the wrong ranks
+            (_vc(KV2, "tsp", 4), "kv_head_wrong_group"),
+            (_vc(KV2, "tp", 4), "kv_head_wrong_group"),
         ]
     return out
 
@@ -158,6 +174,7 @@ def decode_cases_for_world(world: int) -> list[tuple[VerifyConfig, str | None]]:
                 out.append((dec(model, scheme, world, variant, tp), None))
     if world == 4:
         out += [(dec(GQA, "tsp", 2, dp=2), None), (dec(MHA, "single", 1, dp=4), None)]
+        out += [(dec(KV2, "tsp", 4), None), (dec(KV2, "tp", 4), None)]  # KV heads replicated over 2 ranks
     if world == 8:
         out += [(replace(dec(GQA8, "tsp", 8), decode_steps=8), None)]
     if world == 2:  # non-vacuity: the same comparison must fail

@@ -199,10 +199,12 @@ def validate_parallel(
             f"model.n_heads={m.n_heads} must be divisible by the tensor degree {t} "
             f"(scheme={p.scheme}); allowed degrees: {_divisors(m.n_heads)}",
         )
+        # GQA with fewer KV heads than T: each KV head is replicated over T/n_kv consecutive ranks (Megatron)
         _need(
-            m.n_kv_heads % t == 0,
-            f"model.n_kv_heads={m.n_kv_heads} must be divisible by the tensor degree "
-            f"{t} (scheme={p.scheme}); allowed degrees: {_divisors(m.n_kv_heads)}",
+            m.n_kv_heads % t == 0 or t % m.n_kv_heads == 0,
+            f"model.n_kv_heads={m.n_kv_heads} and the tensor degree {t} (scheme={p.scheme}) must divide one "
+            f"another (KV heads split, or each replicated over T/n_kv ranks); allowed degrees: "
+            f"{_kv_degrees(m.n_kv_heads, m.n_heads)}",
         )
         _need(
             m.ffn_hidden % t == 0,
@@ -224,6 +226,17 @@ def validate_parallel(
         )
     if p.scheme == "tp_msp":
         _need(seq_len % t == 0, f"seq_len={seq_len} must be divisible by degree={t} for scheme=tp_msp")
+
+
+def _kv_degrees(n_kv: int, n_heads: int) -> str:
+    """Tensor degrees that fit n_kv KV heads (divisors of n_kv, or multiples of it that divide n_heads)."""
+    return ", ".join(str(t) for t in range(2, n_heads + 1) if n_heads % t == 0 and (n_kv % t == 0 or t % n_kv == 0))
+
+
+def kv_replicas(n_kv_heads: int, tensor_degree: int) -> int:
+    """Ranks sharing one KV head: T/n_kv when the tensor degree exceeds the KV heads (GQA/MQA, Megatron's
+    replication), else 1 (each rank holds n_kv/T KV heads of its own)."""
+    return max(tensor_degree // n_kv_heads, 1)
 
 
 def _divisors(n: int) -> str:

@@ -146,6 +146,21 @@ def test_costmodel_matches_estimate_gqa(scheme, tp, recompute, vocab):
     assert not _near_tie_mismatch(GQA, par, model, est["mem_bytes"]), _within(model, est["mem_bytes"])
 
 
+@pytest.mark.parametrize(
+    "scheme,degree,tp,recompute,n_kv",
+    [("tsp", 4, 0, "none", 2), ("tp", 4, 0, "selective", 1), ("tp_msp", 4, 0, "none", 2), ("tp_sp", 8, 4, "none", 1)],
+)
+def test_costmodel_matches_estimate_kv_replicated(scheme, degree, tp, recompute, n_kv):
+    """GQA with fewer KV heads than the tensor degree: the real scheme code (each rank slicing one KV head,
+    replicated over T/n_kv ranks) and the cost model's n_kv_local = max(n_kv/T, 1) agree."""
+    cfg = replace(GQA, n_kv_heads=n_kv)
+    par = ParallelConfig(scheme=scheme, degree=degree, tp=tp, recompute=recompute)
+    est = estimate(cfg, par, 2048, 1, dtype="bfloat16")
+    model = memory_breakdown(cfg, par, 2048, 1, dtype="bfloat16")
+    assert model["params"] == est["mem_bytes"]["params"]
+    assert not _near_tie_mismatch(cfg, par, model, est["mem_bytes"]), _within(model, est["mem_bytes"])
+
+
 def _near_tie_mismatch(cfg, par, model: dict, est: dict, tol: float = 0.05) -> list[str]:
     """The breakdown check, where the peak can fall at either of two moments whose totals are within tol of each
     other (e.g. tp_msp, full recompute, replicated vocabulary: the LM-head backward and the last layer's backward

@@ -14,6 +14,7 @@ def formula_fwd(vc) -> float:
     m, B, S = vc.model, vc.batch, vc.seq_len
     h, g, d = m.dim, m.n_heads // m.n_kv_heads, m.head_dim
     n = vc.degree
+    kv = _kv_heads_per_rank(vc)  # n_kv/T, or 1 where a KV head is replicated over T/n_kv ranks
     if vc.scheme in ("tp", "tp_msp"):
         return 4 * B * S * h * (n - 1) / n
     if vc.scheme == "sp":
@@ -21,12 +22,17 @@ def formula_fwd(vc) -> float:
     if vc.scheme == "tp_sp":
         t = vc.tp
         s = n // t
-        return 4 * B * (S / s) * h * (t - 1) / t + 2 * B * S * (h / (g * t)) * (s - 1) / s
-    if vc.scheme == "tsp":
-        W = (2 * m.n_heads * d + 2 * m.n_kv_heads * d) * h + 3 * m.ffn_hidden * h  # (2 + 2/g + 3F)·h²
-        K = 2 * B * S * (h / g)
+        return 4 * B * (S / s) * h * (t - 1) / t + 2 * B * S * kv * d * (s - 1) / s  # kv·d = h/(g·T)
+    if vc.scheme == "tsp":  # D owner shards of kv KV heads each (n·kv = n_kv, or D replicated heads)
+        W = (2 * m.n_heads * d + 2 * n * kv * d) * h + 3 * m.ffn_hidden * h  # (2 + 2/g + 3F)·h²
+        K = 2 * B * S * n * kv * d  # 2·B·S·h/g
         return (W + K) * (n - 1) / n
     raise AssertionError(vc.scheme)
+
+
+def _kv_heads_per_rank(vc) -> int:
+    t = {"tp_sp": vc.tp, "sp": 1}.get(vc.scheme, vc.degree)
+    return max(vc.model.n_kv_heads // t, 1)
 
 
 def formula_bwd(vc) -> float:
@@ -61,7 +67,7 @@ def selective_replay(vc) -> float:
     m, n = vc.model, vc.degree
     t = vc.tp if vc.scheme == "tp_sp" else 1
     s = n // t
-    return 2 * vc.batch * vc.seq_len * (m.dim / (m.n_heads // m.n_kv_heads)) / t * (s - 1) / s
+    return 2 * vc.batch * vc.seq_len * m.head_dim * max(m.n_kv_heads // t, 1) * (s - 1) / s
 
 
 @pytest.mark.parametrize("cid", [c for c in CASES if ALL[c][1].recompute in ("none", "selective")])

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 from parity_cases import DECODE
 
+from tspbench.config import kv_replicas
 from tspbench.predict.costmodel import comm_decode_per_layer, kv_cache_bytes
 
 
@@ -31,8 +32,9 @@ def test_decode_matches_single_device(parity_results, cid):
 def test_kv_cache_is_sharded_not_copied(parity_results, cid):
     world, vc, _ = DECODE[cid]
     kv = parity_results(world)[cid]["kv_cache_bytes"]
-    assert sum(kv) == vc.dp * _cache_bytes(vc)  # every token and head cached once
-    assert kv == [_cache_bytes(vc) // vc.degree] * world  # 1/degree per rank (tp_sp: 1/(T·Σ))
+    reps = kv_replicas(vc.model.n_kv_heads, vc.parallel().tp_degree)  # T > n_kv: a KV head on T/n_kv ranks
+    assert sum(kv) == vc.dp * _cache_bytes(vc) * reps  # every token and head cached once (per replica of a head)
+    assert kv == [_cache_bytes(vc) * reps // vc.degree] * world  # 1/degree per rank (tp_sp: 1/(T·Σ))
     # the cost model's per-rank KV cache (used for serving memory at paper scale) is the same number
     assert kv_cache_bytes(vc.model, vc.parallel(), vc.seq_len + vc.decode_steps, vc.batch, vc.dtype) == kv[0]
 

@@ -13,10 +13,11 @@ def expected_param_bytes(vc) -> int:
     (docs/method.md#choice-embedding); norms replicated everywhere."""
     m = vc.model
     d = m.head_dim
-    block = (2 * m.n_heads * d + 2 * m.n_kv_heads * d) * m.dim + 3 * m.ffn_hidden * m.dim
     shard = {"tp": vc.degree, "tp_msp": vc.degree, "tsp": vc.degree, "sp": 1, "single": 1, "tp_sp": vc.tp or 1}[
         vc.scheme
     ]
+    kv_heads = max(m.n_kv_heads // shard, 1) * shard  # T > n_kv: each rank holds one whole KV head (replicated)
+    block = (2 * m.n_heads * d + 2 * kv_heads * d) * m.dim + 3 * m.ffn_hidden * m.dim
     vocab_shard = {"auto": 1 if vc.scheme in ("sp", "tsp") else shard, "replicated": 1, "ring": vc.degree}[vc.vocab]
     replicated = 2 * m.vocab_size * m.dim // vocab_shard + (2 * m.n_layers + 1) * m.dim
     elem = {"float64": 8, "float32": 4, "bfloat16": 2}[vc.dtype]
@@ -41,3 +42,44 @@ def test_tsp_activations_shrink_with_degree(parity_results):
     tp = r4["tp-D4-dp1-tiny-rc_none"]["activation_bytes"]
     assert max(tsp) <= single / 4 * 1.15, (tsp, single)
     assert min(tp) > single / 4 * 1.15  # TP keeps replicated activations: the check discriminates
+
+
+def test_kv_replica_groups():
+    """GQA with T > n_kv: the ranks sharing one KV head are runs of T/n_kv consecutive tensor ranks, taken with the
+    token axes the gradient is also summed over (tp_sp: sp) and, for the gradient sync, dp; the broken variant's
+    strided groups mix replicas of different heads."""
+    import torch
+
+    from tspbench.schemes.ops.sharding import block_rows
+    from tspbench.verify.broken import kv_head_wrong_group
+
+    ranks = torch.arange(16).reshape(2, 2, 4)  # dp × sp × tp
+    dims = ["dp", "sp", "tp"]
+    assert block_rows(ranks, dims, (), "tp", 2) == [
+        [0, 1],
+        [2, 3],
+        [4, 5],
+        [6, 7],
+        [8, 9],
+        [10, 11],
+        [12, 13],
+        [14, 15],
+    ]
+    assert block_rows(ranks, dims, ("sp",), "tp", 2) == [[0, 1, 4, 5], [2, 3, 6, 7], [8, 9, 12, 13], [10, 11, 14, 15]]
+    assert block_rows(ranks, dims, ("dp", "sp"), "tp", 4) == [list(range(16))]
+    from tspbench.schemes.ops import sharding
+
+    with kv_head_wrong_group():
+        assert sharding.block_rows(ranks, dims, (), "tp", 2)[:2] == [[0, 2], [1, 3]]
+
+
+@pytest.mark.parametrize(
+    "cid", [k for k, v in ALL.items() if v[2] is None and v[1].model.name in ("tiny_kv2", "tiny_kv1")]
+)
+def test_kv_replicated_param_bytes_match_cost_model(parity_results, cid):
+    """The cost model's parameters per device count a replicated KV head whole on every rank that holds it."""
+    from tspbench.predict.costmodel import params_per_device
+
+    world, vc, _ = ALL[cid]
+    elem = {"float64": 8, "float32": 4, "bfloat16": 2}[vc.dtype]
+    assert parity_results(world)[cid]["param_bytes"] == [params_per_device(vc.model, vc.parallel()) * elem] * world

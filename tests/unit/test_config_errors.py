@@ -13,7 +13,14 @@ from tspbench.verify.cli import main
 
 BAD = [
     (["scheme=tsp", "degree=3"], "model.n_heads=8 must be divisible"),
-    (["scheme=tp", "degree=4", "model.n_kv_heads=2"], "model.n_kv_heads=2 must be divisible"),
+    (
+        ["scheme=tp", "degree=4", "model.n_heads=12", "model.dim=96", "model.n_kv_heads=3"],
+        "model.n_kv_heads=3 and the tensor degree 4 (scheme=tp) must divide one another",
+    ),
+    (
+        ["scheme=tp_sp", "degree=8", "tp=4", "model.n_heads=12", "model.dim=96", "model.n_kv_heads=3"],
+        "allowed degrees: 3, 6, 12",
+    ),
     (["scheme=tsp", "degree=4", "seq_len=36"], "seq_len=36 must be divisible by 2×"),
     (["scheme=sp", "degree=2", "seq_len=30"], "zigzag"),
     (["scheme=zigzag"], "allowed: single, tp, tp_msp, sp, tp_sp, tsp"),

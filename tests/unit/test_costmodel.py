@@ -425,3 +425,31 @@ def test_decode_step_time_terms():
     assert t_tsp["kv_cache_bytes"] == t_tp["kv_cache_bytes"] == 2 * 32 * S128K * 4096 * 2 / 8
     assert t_tsp["comm_s"] > 1.8 * t_tp["comm_s"]
     assert t_tp["step_s"] == pytest.approx(max(t_tp["memory_s"], t_tp["compute_s"]) + t_tp["comm_s"])
+
+
+def test_kv_replication_llama70b_shape_at_d16():
+    """GQA with fewer KV heads than the degree (8 KV heads, D = T = 16, as Llama-3 70B): each rank holds one whole
+    KV head (replicated over 2 ranks), caches it, and sums its K/V gradient over the 2 ranks sharing it."""
+    from tspbench.predict.costmodel import (
+        comm_per_layer,
+        grad_sync_elems,
+        kv_cache_bytes,
+        kv_grad_sync_group,
+        layer_weight_params_per_rank,
+    )
+
+    m = replace(LLAMA7B, n_kv_heads=8)  # d = 128, h = 4096
+    h, d, L = m.dim, m.head_dim, m.n_layers
+    for scheme in ("tp", "tsp"):
+        par = ParallelConfig(scheme, 16)
+        w_rank = (2 * h * h + 3 * m.ffn_hidden * h) / 16 + 2 * h * d  # Q, O, MLP ÷ 16; one K, V head whole
+        assert layer_weight_params_per_rank(m, par) == pytest.approx(w_rank)
+        assert kv_grad_sync_group(m, par) == (L * 2 * h * d, 2)
+    tsp = ParallelConfig("tsp", 16)
+    assert grad_sync_elems(m, tsp) == pytest.approx(2 * L * 2 * h * d / 2 + 2 * (2 * L + 1 + 2 * 32000) * h * 15 / 16)
+    assert comm_per_layer(m, tsp, 1024, 1)["fwd"]["kv"] == pytest.approx(2 * 1024 * 16 * d * 15 / 16)  # 16 heads
+    # the cache: 1 KV head per rank (tp) or 16 (every owner's) of 1/16 of the tokens (tsp): 2× the 8-head cache
+    assert kv_cache_bytes(m, ParallelConfig("tp", 16), 1024, 1) == 2 * L * 1024 * d * 2
+    assert kv_cache_bytes(m, tsp, 1024, 1) == 2 * L * 1024 / 16 * 16 * d * 2
+    assert kv_grad_sync_group(m, ParallelConfig("tp_sp", 32, tp=16)) == (L * 2 * h * d, 4)  # 2 replicas × Σ = 2
+    assert kv_grad_sync_group(m, ParallelConfig("tp", 8)) == (0.0, 1)  # T ≤ n_kv: KV heads split, nothing extra

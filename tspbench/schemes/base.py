@@ -61,14 +61,16 @@ class ParallelModel(nn.Module):
         module.set_recompute(par.recompute)  # the scheme's attention modules included (selective)
         # The gradient sync's groups: a weight shared by ranks that saw different tokens (Shard.grad_sum) is
         # summed over that group and averaged over data-parallel replicas in ONE all-reduce over both axes;
-        # every other gradient is averaged over dp alone.
+        # every other gradient is averaged over dp alone. A KV head replicated over a run of tensor ranks has a
+        # grad_sum that is no mesh axis (ApplyArgs.block_group): its dp × group is built here, in shard order
+        # (the same on every rank, as dist.new_group needs).
         self.sync_groups: dict[str | None, tuple[Comm, int]] = {}
         dp_size = self.dp.size if self.dp is not None else 1
         for shard in shards.values():
             c = shard.grad_sum
             key = c.axis if c is not None else None
             if key not in self.sync_groups:
-                group = args.flat("dp", key) if key is not None else self.dp
+                group = args.sync_group(c) if c is not None else self.dp
                 if group is not None:
                     self.sync_groups[key] = (group, dp_size)
         for i, block in enumerate(module.blocks):  # tag every collective with its layer
@@ -187,7 +189,13 @@ class ParallelModel(nn.Module):
         s = self.shards[name]
         if s.comm is None or s.dim is None:
             return t
-        return s.comm.all_gather(t, s.dim)
+        full = s.comm.all_gather(t, s.dim)
+        if s.replicas == 1:
+            return full
+        # A replicated KV head: one copy of each, those of the ranks ≡ this rank (mod replicas), so that across
+        # the group every rank's copy is part of some rank's full tensor (and verify compares them all).
+        parts = full.chunk(s.comm.size, s.dim)
+        return torch.cat(parts[s.comm.rank % s.replicas :: s.replicas], s.dim)
 
     def full_state(self, grads: bool) -> dict[str, torch.Tensor]:
         """Every parameter (or its gradient) at full shape, keyed by the reference name."""

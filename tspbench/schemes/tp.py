@@ -1,7 +1,8 @@
 """TP — Megatron tensor parallelism over a group of T ranks (Shoeybi et al. 2019).
 
 Maths. Attention: Q,K,V = X·[W_Q^1 … W_Q^T] column-parallel by heads (rank t holds heads t·n_h/T …, and
-the n_kv/T KV heads they use); O = Σ_t A_t·W_O^t row-parallel. MLP: gate/up column-parallel over the
+the n_kv/T KV heads they use, or with T > n_kv one KV head replicated over T/n_kv ranks,
+docs/method.md#choice-gqa); O = Σ_t A_t·W_O^t row-parallel. MLP: gate/up column-parallel over the
 intermediate dim, down row-parallel: Y = Σ_t (silu(X·W_g^tᵀ) ⊙ X·W_u^tᵀ)·W_d^tᵀ.
 
 Communication per layer (B·S·h elements each):

@@ -149,6 +149,22 @@ def perturbed_replica_grad():
         yield
 
 
+@contextlib.contextmanager
+def kv_head_wrong_group():
+    """GQA with fewer KV heads than ranks: the replicated W_K/W_V gradients are summed over a strided group (ranks
+    r, r + n_kv, …: replicas of different KV heads) instead of the run of ranks that holds the same head."""
+    from tspbench.schemes.ops import sharding
+
+    def block_rows(ranks, dims, axes, block_axis, block):
+        keep = [i for i, a in enumerate(dims) if a not in axes and a != block_axis]
+        summed = [dims.index(a) for a in axes]
+        t = ranks.permute(*keep, *summed, dims.index(block_axis)).unflatten(-1, (block, -1)).movedim(-1, len(keep))
+        return t.reshape(-1, t[(0,) * (len(keep) + 1)].numel()).tolist()
+
+    with mock.patch.object(sharding, "block_rows", block_rows):
+        yield
+
+
 BREAKAGES = {
     "missing_allreduce": missing_allreduce,
     "wrong_zigzag_order": wrong_zigzag_order,
@@ -160,4 +176,5 @@ BREAKAGES = {
     "decode_cached_everywhere": decode_cached_everywhere,
     "ring_head_local_softmax": ring_head_local_softmax,
     "perturbed_replica_grad": perturbed_replica_grad,
+    "kv_head_wrong_group": kv_head_wrong_group,
 }

@@ -10,7 +10,13 @@ from __future__ import annotations
 import math
 
 from tspbench.config import ModelConfig, ParallelConfig
-from tspbench.predict.costmodel.params import layer_weight_params, layout, replicated_params
+from tspbench.predict.costmodel.params import (
+    kv_heads_per_rank,
+    layer_weight_params,
+    layer_weight_params_per_rank,
+    layout,
+    replicated_params,
+)
 
 
 # ---------------------------------------------------------------------------------------------- comm
@@ -31,6 +37,8 @@ def comm_per_layer(
         tp_sp       activations 4·(N/Σ)·h·(T−1)/T  +  kv 2·N·(h/(g·T))·(Σ−1)/Σ
         tsp         weights     W·(D−1)/D              (attention broadcasts + MLP ring)
                     kv          2·N·(h/g)·(D−1)/D
+    With T (or D) > n_kv each rank holds one KV head replicated over T/n_kv ranks: h/(g·T) becomes d (tp_sp),
+    and tsp's D owner shards carry D KV heads (weights and kv grow by the replicas; docs/method.md#choice-gqa).
     Backward, no recompute: TP repeats its all-reduces; SP/TP×SP reduce-scatter dK/dV (= kv); TSP re-sends
     the weights (W) and reduces the weight gradients to their owners (W) and reduce-scatters dK/dV (K), so
     TSP is 3W + 2K forward + backward. `regather_kv=True` adds one K/V all-gather to the backward of
@@ -39,7 +47,7 @@ def comm_per_layer(
     all-reduce over the group of gradients that ranks holding different tokens compute for the same weights
     (ring all-reduce: 2·n·(p−1)/p received).
     """
-    lay, h, g, n = layout(par), model.dim, model.gqa_ratio, batch * seq_len
+    lay, h, n = layout(par), model.dim, batch * seq_len
     if regather_kv is None:  # what the code does: TSP re-gathers K/V in backward (schemes/ops/owner_attention.py)
         regather_kv = par.scheme == "tsp"
     zero = {"weights": 0.0, "kv": 0.0, "activations": 0.0}
@@ -47,12 +55,13 @@ def comm_per_layer(
     s = par.scheme
     if s in ("tp", "tp_msp", "tp_sp"):
         fwd["activations"] = 4 * (n / lay.sp) * h * (lay.tp - 1) / lay.tp
+    kv_d = model.head_dim * kv_heads_per_rank(model, lay.tp)  # K (or V) width per token on a rank: h/(g·T)
     if s in ("sp", "tp_sp"):
-        fwd["kv"] = 2 * n * h / (g * lay.tp) * (lay.sp - 1) / lay.sp
-    if s == "tsp":
+        fwd["kv"] = 2 * n * kv_d * (lay.sp - 1) / lay.sp
+    if s == "tsp":  # D owner shards (each with its own, possibly replicated, KV head) and their K/V
         d = par.degree
-        fwd["weights"] = layer_weight_params(model) * (d - 1) / d
-        fwd["kv"] = 2 * n * (h / g) * (d - 1) / d
+        fwd["weights"] = d * layer_weight_params_per_rank(model, par) * (d - 1) / d
+        fwd["kv"] = 2 * n * d * kv_d * (d - 1) / d
 
     bwd = dict(zero)
     if mode == "train":
@@ -126,8 +135,9 @@ def comm_decode_per_layer(model: ModelConfig, par: ParallelConfig, batch: int) -
         tsp (D)         all-gather q, k, v over heads (B·(n_h + 2·n_kv)·d), the merge: max all-reduced
                         (2·B·n_h), numerator‖denominator reduce-scattered over heads (B·n_h·(d + 1)),
                         and 2 all-reduces of [B, h]:                               B·(6h + 2h/g + 3·n_h)·(D−1)/D
+                        (D > n_kv: the replicated KV heads travel too, 2·D·d instead of 2h/g)
     """
-    h, n_h, d, g, b = model.dim, model.n_heads, model.head_dim, model.gqa_ratio, batch
+    h, n_h, d, b = model.dim, model.n_heads, model.head_dim, batch
     lay, s = layout(par), par.scheme
 
     def f(p: int) -> float:
@@ -140,7 +150,8 @@ def comm_decode_per_layer(model: ModelConfig, par: ParallelConfig, batch: int) -
     if s == "tp_sp":
         return 4 * b * h * f(lay.tp) + 2 * b * (n_h / lay.tp) * (d + 2) * f(lay.sp)
     if s == "tsp":
-        return b * (6 * h + 2 * h / g + 3 * n_h) * f(par.degree)
+        kv = 2 * par.degree * d * kv_heads_per_rank(model, par.degree)  # 2h/g, or 2·D·d replicated
+        return b * (6 * h + kv + 3 * n_h) * f(par.degree)
     return 0.0
 
 
@@ -151,11 +162,13 @@ def grad_sync_group(model: ModelConfig, par: ParallelConfig, layers: int | None 
     sp all-reduces every gradient over Σ; tp_sp the T-sharded weights, vocabulary slices and norms over Σ; tsp
     the replicated norm/embedding/LM-head weights over D; tp_msp the norm weights over T (norms run on each
     rank's S/T tokens; the vocabulary-parallel embedding and head see every token). tp and single need none.
+    A KV head replicated over T/n_kv ranks is summed in a group of its own (`kv_grad_sync_group`), not here.
     """
     lay, s = layout(par), par.scheme
     n_layers = model.n_layers if layers is None else layers
     if s in ("sp", "tp_sp"):
-        return n_layers * layer_weight_params(model) / lay.tp + replicated_params(model, layers, par), lay.sp
+        block = layer_weight_params_per_rank(model, par) - kv_grad_sync_group(model, par, 1)[0]
+        return n_layers * block + replicated_params(model, layers, par), lay.sp
     if s == "tsp":
         return replicated_params(model, layers), par.degree
     if s == "tp_msp":  # the norms run on each rank's own S/T tokens (a vocabulary-parallel embedding and
@@ -166,10 +179,24 @@ def grad_sync_group(model: ModelConfig, par: ParallelConfig, layers: int | None 
     return 0.0, 1
 
 
+def kv_grad_sync_group(model: ModelConfig, par: ParallelConfig, layers: int | None = None) -> tuple[float, int]:
+    """(elements, group size) of the replicated-KV gradient all-reduce: with tensor degree T > n_kv each rank's
+    W_K, W_V slice (one KV head, 2·h·d per layer) gets partial gradients from its own query heads only, summed
+    over the T/n_kv ranks sharing the head (× Σ in tp_sp, whose token shards share it too). (0, 1) otherwise."""
+    t = layout(par).tp
+    if t <= model.n_kv_heads:
+        return 0.0, 1
+    n_layers = model.n_layers if layers is None else layers
+    reps = t // model.n_kv_heads
+    return n_layers * 2 * model.dim * model.head_dim, reps * (layout(par).sp if par.scheme == "tp_sp" else 1)
+
+
 def grad_sync_elems(model: ModelConfig, par: ParallelConfig, layers: int | None = None) -> float:
-    """Per-step elements received per device by the in-group gradient ring all-reduce: 2·n·(p−1)/p."""
-    n, p = grad_sync_group(model, par, layers)
-    return 2 * n * (p - 1) / p
+    """Per-step elements received per device by the in-group gradient ring all-reduces: 2·n·(p−1)/p each (the
+    token group's and the replicated KV heads')."""
+    return sum(
+        2 * n * (p - 1) / p for n, p in (grad_sync_group(model, par, layers), kv_grad_sync_group(model, par, layers))
+    )
 
 
 def crossover_tokens(model: ModelConfig, degree: int, mode: str = "forward") -> int:

@@ -22,10 +22,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tspbench.config import ModelConfig, ParallelConfig
-from tspbench.predict.costmodel.comm import grad_sync_group
+from tspbench.predict.costmodel.comm import grad_sync_group, kv_grad_sync_group
 from tspbench.predict.costmodel.params import (
     BYTES,
-    layer_weight_params,
+    kv_heads_per_rank,
+    layer_weight_params_per_rank,
     layout,
     params_per_device,
     state_bytes_per_param,
@@ -99,18 +100,19 @@ def attention_saved_bytes(
     (2h/g), the output (h), the fp32 log-sum-exp (n_h) and cos/sin: the single device's minus the full-sequence
     K/V, which backward re-gathers; selective equals none for TSP (nothing of the kernel's is left to drop).
     """
-    geo, b, h, g = geometry(par, seq_len, batch), BYTES[dtype], model.dim, model.gqa_ratio
+    geo, b, h = geometry(par, seq_len, batch), BYTES[dtype], model.dim
     if par.scheme == "tsp":
-        na = geo.n_gemm
-        return na * (3 * h + 2 * h / g) * b + na * model.n_heads * 4 + na / geo.batch * model.head_dim * b
+        na, kv_d = geo.n_gemm, par.degree * kv_heads_per_rank(model, par.degree) * model.head_dim  # all owners
+        return na * (3 * h + 2 * kv_d) * b + na * model.n_heads * 4 + na / geo.batch * model.head_dim * b
     na, t = geo.n_gemm, geo.t
+    kv_d = model.head_dim * kv_heads_per_rank(model, t)  # h/(g·T); d when a KV head is replicated (T > n_kv)
     selective = par.recompute == "selective"
     kv_tok = na if selective else (geo.kv_tokens or na)  # selective: the exchanged K/V are rebuilt in backward
     out_copies = 2 if geo.chunked and not selective else 1
     return (
         geo.gemm_input_copies(3) * na * h * b
         + na * h / t * b
-        + 2 * kv_tok * h / (g * t) * b
+        + 2 * kv_tok * kv_d * b
         + na * h / t * b * out_copies
         + (0 if selective else na * model.n_heads / t * 4)
         + na / geo.batch * model.head_dim * b
@@ -213,18 +215,19 @@ def ring_buffer_bytes(model: ModelConfig, par: ParallelConfig, dtype: str = "bfl
     first backward (counted in its working set). 0 for other schemes."""
     if par.scheme != "tsp":
         return 0.0
-    h, d = model.dim, model.head_dim
-    attn = h * d * (2 * model.n_heads + 2 * model.n_kv_heads) / par.degree
-    return 2 * (attn + 3 * model.ffn_hidden * h / par.degree) * BYTES[dtype]
+    return 2 * layer_weight_params_per_rank(model, par) * BYTES[dtype]  # one owner's attention + MLP shard
 
 
 def kv_cache_bytes(model: ModelConfig, par: ParallelConfig, seq_len: int, batch: int, dtype: str = "bfloat16") -> float:
     """One rank's KV cache for seq_len tokens (schemes/ops/decode.py): K and V of every layer, 2·L·B·S·(h/g)·b
     per replica, split by heads over T (tp, tp_msp, tp_sp) and by tokens over Σ or D (sp, tp_sp, tsp), i.e.
-    ÷ degree in every scheme (tsp: every head of its own 1/D of the tokens)."""
+    ÷ degree in every scheme (tsp: every head of its own 1/D of the tokens). With T (or D) > n_kv a KV head is
+    replicated over T/n_kv ranks, and so is its cache: n_kv_local = max(n_kv/T, 1) heads per rank (tsp: D owners'
+    heads of its tokens, max(n_kv, D)); the group then caches T/n_kv copies."""
     geo, b = geometry(par, seq_len, batch), BYTES[dtype]
-    heads_div = 1 if par.scheme == "tsp" else geo.t
-    return 2 * model.n_layers * geo.n_gemm * (model.dim / model.gqa_ratio) / heads_div * b
+    t = par.degree if par.scheme == "tsp" else geo.t
+    heads = kv_heads_per_rank(model, t) * (t if par.scheme == "tsp" else 1)
+    return 2 * model.n_layers * geo.n_gemm * model.head_dim * heads * b
 
 
 def largest_param_elems(model: ModelConfig, par: ParallelConfig) -> float:
@@ -244,7 +247,7 @@ def grad_sync_bucket_elems(model: ModelConfig, par: ParallelConfig) -> float:
     buckets do not fill exactly."""
     from tspbench.schemes.base import GRAD_BUCKET_ELEMS
 
-    n_group, _ = grad_sync_group(model, par)
+    n_group = max(grad_sync_group(model, par)[0], kv_grad_sync_group(model, par)[0])  # one group at a time
     n = min(n_group, GRAD_BUCKET_ELEMS)
     if par.dp > 1:
         n = max(n, min(params_per_device(model, par), GRAD_BUCKET_ELEMS))
@@ -313,7 +316,8 @@ def memory_phases(
         layer = max(
             geo.n_res * (h * b + 3 * 4 * h),  # RMSNorm in fp32
             geo.n_res * h * b + geo.n_gemm * h * b + 3 * ffn_a,  # SwiGLU: silu(gate), up, product
-            geo.n_res * h * b + 2 * 2 * (geo.kv_tokens or geo.n_gemm) * h / (model.gqa_ratio * geo.t) * b,
+            geo.n_res * h * b
+            + 2 * 2 * (geo.kv_tokens or geo.n_gemm) * model.head_dim * kv_heads_per_rank(model, geo.t) * b,
         )
         kv = kv_cache_bytes(model, par, seq_len, batch, dtype) if kv_cache else 0.0
         return {
@@ -325,7 +329,7 @@ def memory_phases(
     block_in = geo.n_res * h * b
     stored = block_in if par.recompute == "full" else layer_saved  # per layer, at the end of forward
     head = head_saved_bytes(model, par, seq_len, batch, dtype)
-    g_layer = (layer_weight_params(model) / lay.weight_div + 2 * h) * bg
+    g_layer = (layer_weight_params_per_rank(model, par) + 2 * h) * bg
     g_mlp = 3 * model.ffn_hidden * h / lay.weight_div * bg
     g_embed, g_head = v_loc * h * bg, (v_loc * h + h) * bg
     g_all = n_dev * bg

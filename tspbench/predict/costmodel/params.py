@@ -8,7 +8,8 @@ Parameters (Llama block, SwiGLU, RMSNorm, untied LM head; docs/method.md#memory)
     edges       2·V·h [embedding + untied LM head]: split by vocabulary over T in tp, tp_msp and tp_sp
                 (Megatron's vocabulary parallelism, tspbench/schemes/ops/vocab.py), replicated in sp and tsp
     replicated  (2L + 1)·h [norms]  -- on every rank, in every scheme
-    sharded     W / T for tp, tp_msp, tp_sp;  W / D for tsp;  not at all for sp (weights replicated)
+    sharded     W / T for tp, tp_msp, tp_sp;  W / D for tsp;  not at all for sp (weights replicated); with
+                T > n_kv (GQA/MQA) each rank holds one whole KV head (K, V: 2·h·d), replicated over T/n_kv ranks
 
 Model state bytes per parameter k (AdamW): dtype weights + grad_dtype grads + fp32 m, v (+ fp32 master when
 the weights are 16-bit and master_fp32): bf16 → 2 + 2 + 8 + 4 = 16; with fp32 grads 18 (Megatron). Without
@@ -69,6 +70,25 @@ def layer_weight_params(model: ModelConfig) -> int:
     return attn + 3 * model.ffn_hidden * h  # + gate, up, down
 
 
+def kv_heads_per_rank(model: ModelConfig, t: int) -> float:
+    """KV heads a rank of tensor degree t holds: n_kv/T, or 1 when T > n_kv (each KV head replicated over T/n_kv
+    ranks, as Megatron; tspbench/schemes/ops/sharding.py)."""
+    return max(model.n_kv_heads / t, 1.0)
+
+
+def local_gqa_ratio(model: ModelConfig, t: int) -> float:
+    """Query heads per KV head on one rank of tensor degree t: g, or n_h/T when T > n_kv (one replicated KV head)."""
+    return model.n_heads / (t * kv_heads_per_rank(model, t))
+
+
+def layer_weight_params_per_rank(model: ModelConfig, par: ParallelConfig) -> float:
+    """One block's matmul parameters on one rank: W / weight_div, except that W_K, W_V hold
+    `kv_heads_per_rank` heads (a replicated KV head is whole on each of the T/n_kv ranks that share it)."""
+    div = layout(par).weight_div
+    kv = 2 * model.dim * model.head_dim
+    return (layer_weight_params(model) - kv * model.n_kv_heads) / div + kv * kv_heads_per_rank(model, div)
+
+
 def non_embedding_params(model: ModelConfig) -> int:
     """L·W: 8,589,934,592 for llama7b (docs/method.md#memory)."""
     return model.n_layers * layer_weight_params(model)
@@ -85,7 +105,7 @@ def replicated_params(model: ModelConfig, layers: int | None = None, par: Parall
 
 def params_per_device(model: ModelConfig, par: ParallelConfig, layers: int | None = None) -> float:
     n_layers = model.n_layers if layers is None else layers
-    return n_layers * layer_weight_params(model) / layout(par).weight_div + replicated_params(model, layers, par)
+    return n_layers * layer_weight_params_per_rank(model, par) + replicated_params(model, layers, par)
 
 
 def state_bytes_per_param(

@@ -17,14 +17,16 @@ Overlap "none" adds compute and communication; "ideal" takes their maximum.
 from __future__ import annotations
 
 from tspbench.config import ModelConfig, ParallelConfig
-from tspbench.predict.costmodel.comm import grad_sync_group
+from tspbench.predict.costmodel.comm import grad_sync_group, kv_grad_sync_group
 from tspbench.predict.costmodel.flops import hardware_flops_per_token
 from tspbench.predict.costmodel.hardware import HardwareProfile, load_hardware  # noqa: F401 (re-exported)
 from tspbench.predict.costmodel.memory import kv_cache_bytes
 from tspbench.predict.costmodel.params import (
     BYTES,
-    layer_weight_params,
+    kv_heads_per_rank,
+    layer_weight_params_per_rank,
     layout,
+    local_gqa_ratio,
     params_per_device,
     state_bytes_per_param,
 )
@@ -74,10 +76,11 @@ def layer_collectives(
 
     Forward as in docs/method.md#tsp and #communication; backward mirrors comm_per_layer (same received volume).
     """
-    lay, h, g, n = layout(par), model.dim, model.gqa_ratio, batch * seq_len
+    lay, h, n = layout(par), model.dim, batch * seq_len
     s, t, sig = par.scheme, lay.tp, lay.sp
     if regather_kv is None:  # what the code does (costmodel.comm.comm_per_layer)
         regather_kv = s == "tsp"
+    kv_d = model.head_dim * kv_heads_per_rank(model, t)  # h/(g·T); d for a replicated KV head (T > n_kv)
     fwd: list[tuple[str, int, float, int, int]] = []
     bwd: list[tuple[str, int, float, int, int]] = []
     if s == "tp":
@@ -87,7 +90,7 @@ def layer_collectives(
         fwd += [("allgather", t, n * h, t, 2), ("reduce_scatter", t, n * h, t, 2)]
         bwd += fwd
     elif s in ("sp", "tp_sp"):
-        kv = ("allgather", sig, 2 * n * h / (g * t), t * sig, 1)  # K and V packed
+        kv = ("allgather", sig, 2 * n * kv_d, t * sig, 1)  # K and V packed
         if t > 1:
             fwd += [("allreduce", t, n / sig * h, t, 2)]
         fwd += [kv]
@@ -95,13 +98,13 @@ def layer_collectives(
         bwd += [kv] if regather_kv or par.recompute == "selective" else []  # selective re-runs the exchange
     elif s == "tsp":
         d = par.degree
-        attn_shard = layer_weight_params(model) - 3 * model.ffn_hidden * h
-        kv = ("allgather", d, 2 * n * (h / g) / d, d, d)  # one owner's heads, whole sequence
-        fwd += [("broadcast", d, attn_shard / d, d, d), ("p2p", 2, 3 * model.ffn_hidden * h / d, d, d - 1), kv]
+        attn_shard = layer_weight_params_per_rank(model, par) - 3 * model.ffn_hidden * h / d  # one owner's
+        kv = ("allgather", d, 2 * n * kv_d, d, d)  # one owner's heads, whole sequence
+        fwd += [("broadcast", d, attn_shard, d, d), ("p2p", 2, 3 * model.ffn_hidden * h / d, d, d - 1), kv]
         bwd += [
-            ("broadcast", d, attn_shard / d, d, d),
+            ("broadcast", d, attn_shard, d, d),
             ("p2p", 2, 3 * model.ffn_hidden * h / d, d, d - 1),
-            ("reduce", d, attn_shard / d, d, d),
+            ("reduce", d, attn_shard, d, d),
             ("p2p", 2, 3 * model.ffn_hidden * h / d, d, d - 1),
             ("reduce_scatter",) + kv[1:],
         ]
@@ -196,7 +199,10 @@ def step_time(
         comm_s += _collectives_time_s(edge_collectives(model, par, seq_len, batch, mode=mode), hw, b)
     if mode == "train":
         n_sync, p = grad_sync_group(model, par, layers)  # the Σ axis of tp_sp spans the whole replica
-        comm_s += _collectives_time_s([("allreduce", p, n_sync, par.degree, 1)], hw, b)
+        n_kv, p_kv = kv_grad_sync_group(model, par, layers)  # replicated KV heads (T > n_kv)
+        comm_s += _collectives_time_s(
+            [("allreduce", p, n_sync, par.degree, 1), ("allreduce", p_kv, n_kv, par.degree, 1)], hw, b
+        )
     step_s = compute_s + comm_s if overlap == "none" else max(compute_s, comm_s)
     return {
         "compute_s": compute_s,
@@ -223,7 +229,7 @@ def decode_collectives(model: ModelConfig, par: ParallelConfig, batch: int) -> l
     if s == "tsp":
         p = par.degree
         out += [
-            ("allgather", p, b * (n_h + 2 * model.n_kv_heads) * d, p, 1),  # q, k, v packed
+            ("allgather", p, b * (n_h + 2 * p * kv_heads_per_rank(model, p)) * d, p, 1),  # q, k, v packed
             ("allreduce", p, b * n_h, p, 1),  # the max
             ("reduce_scatter", p, b * n_h * (d + 1), p, 1),  # numerator ‖ denominator, onto the head owners
             ("allreduce", p, b * h, p, 2),
@@ -257,7 +263,7 @@ def decode_step_time(
     matmul_params = (
         params_per_device(model, par) - model.vocab_size * model.dim / layout(par).vocab_div
     )  # no lookup FLOPs
-    flops = 2 * batch * matmul_params + 2 * model.gqa_ratio * kv / b
+    flops = 2 * batch * matmul_params + 2 * local_gqa_ratio(model, layout(par).tp) * kv / b
     compute_s = flops / (hw.peak_flops(dtype) * hw.matmul_efficiency)
     comm_s = model.n_layers * _collectives_time_s(decode_collectives(model, par, batch), hw, b)
     device_s = max(memory_s, compute_s)

@@ -9,13 +9,15 @@ meta its full value (`materialise_replicated`), and checks that every local para
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from tspbench.config import ModelConfig, ParallelConfig
+from tspbench.config import ModelConfig, ParallelConfig, kv_replicas
 from tspbench.model import Transformer, init_full_param
 from tspbench.schemes.comm import Comm, CommLog
 
@@ -49,12 +51,16 @@ def axis_comm(mesh: DeviceMesh, axis: str, log: CommLog) -> Comm:
 class Shard:
     """How a local parameter relates to reference parameter `name`: split along `dim` over `comm`
     (group-rank order), or replicated (`comm is None`). `grad_sum` is the group over which its gradient
-    must be summed after backward because different ranks used it on different tokens."""
+    must be summed after backward because different ranks used it on different tokens (or, for a replicated KV
+    head, for different query heads)."""
 
     name: str
     dim: int | None = None
     comm: Comm | None = None
     grad_sum: Comm | None = None
+    replicas: int = 1
+    """> 1: a KV-head slice replicated over `replicas` consecutive ranks of `comm` (GQA with fewer KV heads than
+    the tensor degree, as Megatron): rank r holds slice r // replicas of comm.size // replicas."""
 
 
 def slice_param(
@@ -86,6 +92,19 @@ def meta_model(cfg: ModelConfig, recompute: str) -> tuple[Transformer, dict[str,
         return Transformer(cfg, recompute), {}
 
 
+def block_rows(
+    ranks: torch.Tensor, dims: list[str], axes: tuple[str, ...], block_axis: str, block: int
+) -> list[list[int]]:
+    """Partition the mesh's global ranks (`ranks`, axes named `dims`) into groups that vary along `axes` and, along
+    `block_axis`, over one run of `block` consecutive coordinates; every group in a fixed order."""
+    keep = [i for i, a in enumerate(dims) if a not in axes and a != block_axis]
+    summed = [dims.index(a) for a in axes]
+    # [kept axes..., summed axes..., block axis] → [kept..., runs, summed..., block]: one group per row
+    t = ranks.permute(*keep, *summed, dims.index(block_axis)).unflatten(-1, (-1, block)).movedim(-2, len(keep))
+    size = block * math.prod(t.shape[len(keep) + 1 : -1])
+    return t.reshape(-1, size).tolist()
+
+
 @dataclass
 class ApplyArgs:
     """What every scheme's apply() needs besides the configs."""
@@ -96,6 +115,10 @@ class ApplyArgs:
     dtype: torch.dtype = torch.float32
     device: torch.device | str = "cpu"
     log: CommLog = field(default_factory=CommLog)
+    groups: dict[str, Comm] = field(default_factory=dict)
+    """Sub-groups that are not mesh axes (`block_group`), by name; built once, on every rank in the same order."""
+    group_specs: dict[str, tuple[tuple[str, ...], str, int]] = field(default_factory=dict)
+    """name → (axes, block axis, block size) of each `block_group`, so `sync_group` can add dp to it."""
 
     def comm(self, axis: str) -> Comm | None:
         """The group of mesh axis `axis`, or None when the mesh has no such axis or it has one rank."""
@@ -113,6 +136,36 @@ class ApplyArgs:
         flat = self.mesh[tuple(names)]._flatten("+".join(names))  # cached by name: the same group every call
         return Comm(flat.get_group(), self.log, "+".join(names))
 
+    def block_group(self, axes: tuple[str, ...], block_axis: str, block: int) -> Comm | None:
+        """The group of ranks that differ only along `axes` and, along `block_axis`, lie in the same run of `block`
+        consecutive coordinates (the ranks sharing one replicated KV head, `axes` the token axes its gradient is
+        also summed over). Not a mesh axis: every such group is created with dist.new_group, on every rank in the
+        same order (a collective), and this rank's is kept in `groups`. None when it has one rank."""
+        names = tuple(a for a in axes if self.comm(a) is not None)
+        key = "+".join((*names, f"{block_axis}/{block}"))
+        if key not in self.groups:
+            from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+            with unset_fake_temporarily():  # the mesh's rank table is a real tensor, also under the estimate's fakes
+                rows = block_rows(self.mesh.mesh, list(self.mesh.mesh_dim_names or ()), names, block_axis, block)
+            me = dist.get_rank()
+            for row in rows:
+                g = dist.new_group(row)
+                if me in row:
+                    self.groups[key] = Comm(g, self.log, key)
+            self.group_specs[key] = (names, block_axis, block)
+        c = self.groups[key]
+        return c if c.size > 1 else None
+
+    def sync_group(self, grad_sum: Comm) -> Comm | None:
+        """The group a gradient summed over `grad_sum` is all-reduced over together with the data-parallel
+        average: dp × that mesh axis (or axes), or dp × a `block_group`."""
+        spec = self.group_specs.get(grad_sum.axis or "")
+        if spec is None:
+            return self.flat("dp", *(grad_sum.axis or "").split("+"))
+        axes, block_axis, block = spec
+        return self.block_group(("dp", *axes), block_axis, block)
+
     def need(self, axis: str) -> Comm:
         """The group of an axis the scheme cannot do without (validate_parallel guarantees degree ≥ 2)."""
         c = self.comm(axis)
@@ -123,6 +176,7 @@ class ApplyArgs:
 # (reference parameter, shard dim): column-parallel weights split rows (dim 0), row-parallel columns (dim 1).
 ATTN_SPLIT = {"wq": 0, "wk": 0, "wv": 0, "wo": 1}
 MLP_SPLIT = {"w_gate": 0, "w_up": 0, "w_down": 1}
+KV_WEIGHTS = ("wk", "wv")  # rows are KV heads: replicated, not split, when the group outnumbers them
 
 
 def shard_block_weights(
@@ -134,13 +188,28 @@ def shard_block_weights(
     shards: dict[str, Shard],
     grad_sum: Comm | None = None,
 ) -> dict[str, nn.Parameter]:
-    """This rank's slice (index comm.rank of comm.size) of each weight of a reference submodule."""
+    """This rank's slice (index comm.rank of comm.size) of each weight of a reference submodule.
+
+    GQA with fewer KV heads than ranks (attention: `module.head_dim` set): W_K and W_V are cut into n_kv head
+    slices and rank r takes head r // R, R = comm.size / n_kv, replicated over R consecutive ranks (Megatron). Each
+    replica back-propagates only its own query heads, so the gradient is summed over those R ranks (and over
+    `grad_sum`'s token axes): Shard.grad_sum is then that `ApplyArgs.block_group`."""
     out = {}
+    head_dim = getattr(module, "head_dim", None)
     for pname, dim in split.items():
         full_name = f"{prefix}.{pname}"
         shape = tuple(getattr(module, pname).shape)
-        out[pname] = slice_param(full_name, shape, dim, comm.rank, comm.size, args.seed, args.dtype, args.device)
-        shards[full_name] = Shard(full_name, dim, comm, grad_sum)
+        n_kv = shape[0] // head_dim if head_dim and pname in KV_WEIGHTS else comm.size
+        if n_kv < comm.size:
+            reps = kv_replicas(n_kv, comm.size)
+            assert comm.axis is not None and n_kv * reps == comm.size, (n_kv, comm.size)
+            index, parts = comm.rank // reps, n_kv
+            axes = tuple(grad_sum.axis.split("+")) if grad_sum is not None and grad_sum.axis else ()
+            shard = Shard(full_name, dim, comm, args.block_group(axes, comm.axis, reps), reps)
+        else:
+            index, parts, shard = comm.rank, comm.size, Shard(full_name, dim, comm, grad_sum)
+        out[pname] = slice_param(full_name, shape, dim, index, parts, args.seed, args.dtype, args.device)
+        shards[full_name] = shard
     return out
 
 
