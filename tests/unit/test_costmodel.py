@@ -453,3 +453,28 @@ def test_kv_replication_llama70b_shape_at_d16():
     assert kv_cache_bytes(m, tsp, 1024, 1) == 2 * L * 1024 / 16 * 16 * d * 2
     assert kv_grad_sync_group(m, ParallelConfig("tp_sp", 32, tp=16)) == (L * 2 * h * d, 4)  # 2 replicas × Σ = 2
     assert kv_grad_sync_group(m, ParallelConfig("tp", 8)) == (0.0, 1)  # T ≤ n_kv: KV heads split, nothing extra
+
+
+def test_schedule_overlap_follows_the_code():
+    """overlap="schedule" (costmodel/time.py schedule_exposed_comm_s): the baselines' synchronous collectives stay
+    exposed (schedule = none); TSP hides what its issue order lets it hide (between ideal and none), and smaller
+    K/V buckets hide more of the gather at 128K."""
+    from tspbench.predict.costmodel.time import cluster_throughput, schedule_exposed_comm_s
+
+    hw = load_hardware("mi300x")
+    for scheme, tp in (("tp", 0), ("tp_msp", 0), ("sp", 0), ("tp_sp", 2)):
+        par = ParallelConfig(scheme=scheme, degree=8, tp=tp, recompute="full")
+        none, sched = (
+            cluster_throughput(LLAMA7B, par, S128K, 1, hw, 64, mode="train", overlap=o) for o in ("none", "schedule")
+        )
+        assert sched["step_s"] == pytest.approx(none["step_s"])
+    by_bucket = {}
+    for buckets in (0, 1):
+        par = ParallelConfig(scheme="tsp", degree=8, recompute="full", kv_bucket_heads=buckets)
+        t = {
+            o: cluster_throughput(LLAMA7B, par, S128K, 1, hw, 64, mode="train", overlap=o)
+            for o in ("none", "schedule", "ideal")
+        }
+        assert t["ideal"]["step_s"] < t["schedule"]["step_s"] < t["none"]["step_s"]
+        by_bucket[buckets] = schedule_exposed_comm_s(LLAMA7B, par, S128K, 1, hw, mode="train", dtype="bfloat16")
+    assert by_bucket[1] < by_bucket[0]

@@ -52,24 +52,26 @@ def modelled_record(spec: RunSpec, run_id: str | None = None) -> dict:
     if spec.mode == "decode":
         return _modelled_decode(spec, hw, hw_name, run_id)
     mem = memory_breakdown(model, par, spec.seq_len, spec.batch, mode=spec.mode, dtype=spec.dtype)
-    comm = comm_per_layer(model, par, spec.seq_len, spec.batch, mode=spec.mode, regather_kv=spec.scheme == "tsp")
+    comm = comm_per_layer(model, par, spec.seq_len, spec.batch, mode=spec.mode)
     elem = BYTES[spec.dtype]
     m = _memory_metrics(mem, hw)
     m["comm_bytes_per_layer_fwd"] = comm["fwd_total"] * elem
     m["comm_bytes_per_layer_bwd"] = comm["bwd_total"] * elem
     m["flops_per_token_causal"] = flops_per_token(model, spec.seq_len, mode=spec.mode, causal_halved=True)
     m["flops_per_token_noncausal"] = flops_per_token(model, spec.seq_len, mode=spec.mode, causal_halved=False)
-    for overlap in ("none", "ideal"):
+    for overlap in ("none", "ideal", "schedule"):
         t = cluster_throughput(
             model, par, spec.seq_len, spec.batch, hw, spec.world_size, mode=spec.mode, overlap=overlap, dtype=spec.dtype
         )
-        key = "" if overlap == "none" else "_ideal_overlap"
+        key = {"none": "", "ideal": "_ideal_overlap", "schedule": "_schedule_overlap"}[overlap]
         m[f"predicted_tokens_per_s{key}"] = t["tokens_per_s"]
         m[f"predicted_tokens_per_s_per_device{key}"] = t["tokens_per_s_per_device"]
         m[f"predicted_step_time_ms{key}"] = t["step_s"] * 1e3
         if overlap == "none":
             m["compute_ms"] = t["compute_s"] * 1e3
             m["exposed_comm_ms"] = t["comm_s"] * 1e3
+        if overlap == "schedule":
+            m["exposed_comm_ms_schedule_overlap"] = t["exposed_comm_s"] * 1e3
     return _modelled(spec, m, mem["total"], hw, hw_name, run_id)
 
 

@@ -11,7 +11,8 @@ full, gathered/reduced tensor), link bandwidth β⁻¹ = bw·comm_efficiency and
 A collective uses the intra-node link when its group spans ≤ gpus_per_node consecutive ranks, else the
 inter-node NIC. The TP axis of tp_sp is the inner (consecutive) axis, so its span is T; the Σ axis spans T·Σ.
 Compute is a roofline: FLOPs / (peak · matmul_efficiency). Efficiencies are stated assumptions, not fits.
-Overlap "none" adds compute and communication; "ideal" takes their maximum.
+Overlap "none" adds compute and communication; "ideal" takes their maximum; "schedule" follows the issue order
+the code has (`schedule_exposed_comm_s`, docs/method.md#choice-overlap): what each collective can hide behind.
 """
 
 from __future__ import annotations
@@ -147,6 +148,59 @@ def edge_collectives(
     return fwd if mode == "forward" else fwd + bwd
 
 
+# ---------------------------------------------------------------------------------------------- overlap
+OVERLAPS = ("none", "ideal", "schedule")
+
+
+def schedule_exposed_comm_s(
+    model: ModelConfig, par: ParallelConfig, seq_len: int, batch: int, hw: HardwareProfile, *, mode: str, dtype: str
+) -> float:
+    """One layer's exposed communication under the schedule the code has (docs/method.md#choice-overlap).
+
+    tp, tp_msp, sp, tp_sp: every collective is issued synchronously on the critical path (Megatron's default
+    without --tp-comm-overlap; our all-gather K/V exchange): all exposed. The baselines' overlap options
+    (TransformerEngine's userbuffer TP overlap, torchtitan's async TP) are not implemented: the "ideal" rule bounds
+    them, and every modelled record carries both.
+    tsp (schemes/ops/owner_attention.py, schemes/ops/ring.py), per layer, with c_a one owner's attention compute
+    (its GEMMs and kernel), k one bucket's kernel, c_m one MLP shard's GEMMs (×2 in backward):
+        broadcasts     the first exposed, each next one hidden behind the current owner: t_b + (D−1)·max(0, t_b − c_a)
+        K/V gathers    per owner, bucket 0 exposed, bucket b+1 behind bucket b: t_g/n_b + (n_b−1)·max(0, t_g/n_b − k)
+        ring hops      behind the current shard: (D−1)·max(0, t_h − c_m); backward's weight and gradient hops share
+                       the link: (D−1)·max(0, 2·t_h − 2·c_m)
+        reduce, dK/dV reduce-scatter (backward)   behind the next owner's backward: D·max(0, t_r + t_rs − 2·c_a)
+    The in-group gradient all-reduce and the edges stay exposed (they follow the layers)."""
+    colls = layer_collectives(model, par, seq_len, batch, mode=mode)
+    b = BYTES[dtype]
+    if par.scheme != "tsp":
+        return _collectives_time_s(colls, hw, b)
+    d, h, ffn = par.degree, model.dim, model.ffn_hidden
+    eff = hw.peak_flops(dtype) * hw.matmul_efficiency
+    tokens = batch * seq_len / d  # this rank's tokens
+    attn_w = layer_weight_params_per_rank(model, par) - 3 * ffn * h / d  # one owner's attention shard
+    kernel = tokens * 4 * seq_len * model.n_heads * model.head_dim * 0.5 / eff / d  # one owner's heads
+    c_a = tokens * 2 * attn_w / eff + kernel
+    c_m = tokens * 2 * 3 * ffn * h / d / eff
+    n_kv_owner = max(model.n_kv_heads // d, 1)
+    n_b = -(-n_kv_owner // par.kv_bucket_heads) if par.kv_bucket_heads else 1
+
+    def one(op: str) -> float:  # one collective of this kind (the tuple's count is how many per layer)
+        c = next(c for c in colls if c[0] == op)
+        bw, alpha = hw.link(c[3], p2p=(op == "p2p"))
+        return collective_time_s(op, c[1], c[2] * b, bw, alpha)
+
+    t_b, t_g, t_h = one("broadcast"), one("allgather"), one("p2p")
+    gathers = d * (t_g / n_b + (n_b - 1) * max(0.0, t_g / n_b - kernel / n_b))
+    exposed = t_b + (d - 1) * max(0.0, t_b - c_a) + gathers + (d - 1) * max(0.0, t_h - c_m)
+    if mode == "train":
+        t_r, t_rs = one("reduce"), one("reduce_scatter")
+        back_gathers = d * (t_g / n_b + (n_b - 1) * max(0.0, t_g / n_b - 2 * kernel / n_b))
+        exposed += t_b + (d - 1) * max(0.0, t_b - 2 * c_a) + back_gathers + (d - 1) * max(0.0, 2 * t_h - 2 * c_m)
+        exposed += d * max(0.0, t_r + t_rs - 2 * c_a)
+        if par.recompute == "full":  # the replay: the forward's schedule once more
+            exposed += t_b + (d - 1) * max(0.0, t_b - c_a) + gathers + (d - 1) * max(0.0, t_h - c_m)
+    return exposed
+
+
 # ---------------------------------------------------------------------------------------------- step
 def step_time(
     model: ModelConfig,
@@ -170,8 +224,8 @@ def step_time(
     (full model), plus (train) the in-group gradient all-reduce.
     `layers=None` is the full model (with LM head); `layers=k` a k-block benchmark (no embedding/LM head).
     """
-    if overlap not in ("none", "ideal"):
-        raise ValueError(f"overlap={overlap!r} is unknown; allowed: none, ideal")
+    if overlap not in OVERLAPS:
+        raise ValueError(f"overlap={overlap!r} is unknown; allowed: {', '.join(OVERLAPS)}")
     lay, b = layout(par), BYTES[dtype]
     n_layers = model.n_layers if layers is None else layers
     body = hardware_flops_per_token(  # what the step executes, recompute included (flops.py)
@@ -203,7 +257,12 @@ def step_time(
         comm_s += _collectives_time_s(
             [("allreduce", p, n_sync, par.degree, 1), ("allreduce", p_kv, n_kv, par.degree, 1)], hw, b
         )
-    step_s = compute_s + comm_s if overlap == "none" else max(compute_s, comm_s)
+    if overlap == "schedule":
+        layer_comm = _collectives_time_s(colls, hw, b)
+        hidden = layer_comm - schedule_exposed_comm_s(model, par, seq_len, batch, hw, mode=mode, dtype=dtype)
+        step_s = compute_s + comm_s - n_layers * max(hidden, 0.0)
+    else:
+        step_s = compute_s + comm_s if overlap == "none" else max(compute_s, comm_s)
     return {
         "compute_s": compute_s,
         "comm_s": comm_s,
@@ -308,7 +367,7 @@ def cluster_throughput(
         batch,
         hw,
         mode=mode,
-        overlap="none",
+        overlap="schedule" if overlap == "schedule" else "none",
         layers=layers,
         dtype=dtype,
         causal_halved=causal_halved,
@@ -319,7 +378,10 @@ def cluster_throughput(
         bw, alpha = hw.link(dp * par.degree)
         dp_allreduce_s = collective_time_s("allreduce", dp, grad_bytes, bw, alpha)
     comm_s = st["comm_s"] + dp_allreduce_s
-    step_s = st["compute_s"] + comm_s if overlap == "none" else max(st["compute_s"], comm_s)
+    if overlap == "ideal":
+        step_s = max(st["compute_s"], comm_s)
+    else:  # none; schedule: the layers' hidden part is already out of st's step, the DP all-reduce follows them
+        step_s = st["step_s"] + dp_allreduce_s
     tokens_per_s = dp * batch * seq_len / step_s
     return {
         "tokens_per_s": tokens_per_s,
@@ -329,4 +391,5 @@ def cluster_throughput(
         "dp_allreduce_s": dp_allreduce_s,
         "compute_s": st["compute_s"],
         "comm_s": comm_s,
+        "exposed_comm_s": step_s - st["compute_s"],
     }
