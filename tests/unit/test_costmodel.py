@@ -478,3 +478,34 @@ def test_schedule_overlap_follows_the_code():
         assert t["ideal"]["step_s"] < t["schedule"]["step_s"] < t["none"]["step_s"]
         by_bucket[buckets] = schedule_exposed_comm_s(LLAMA7B, par, S128K, 1, hw, mode="train", dtype="bfloat16")
     assert by_bucket[1] < by_bucket[0]
+
+
+def test_calibration_file_replaces_the_assumed_efficiencies(tmp_path):
+    """conf/hardware/<name>.calibration.json (written by gpu_check --time) replaces the datasheet assumptions and
+    every modelled record says which it used; a malformed file is refused."""
+    import json
+    import shutil
+
+    from tspbench.predict.costmodel.hardware import CONF_DIR
+    from tspbench.predict.costmodel.time import step_time
+
+    shutil.copy(CONF_DIR / "h200.yaml", tmp_path / "h200.yaml")
+    plain = load_hardware("h200", tmp_path)
+    assert plain.efficiency_source == "datasheet assumption"
+    calib = {
+        "device": "NVIDIA H200",
+        "torch": "2.13.0",
+        "driver": "570",
+        "date": "2026-12-03",
+        "efficiency": {"gemm": 0.5, "attention_forward": 0.25, "attention_backward": 0.2},
+    }
+    (tmp_path / "h200.calibration.json").write_text(json.dumps(calib))
+    cal = load_hardware("h200", tmp_path)
+    assert cal.efficiency_source == "calibrated (h200.calibration.json)" and cal.attention_forward_efficiency == 0.25
+    par = ParallelConfig(scheme="tsp", degree=8, recompute="full")
+    slow, fast = (step_time(LLAMA7B, par, S128K, 1, h, mode="train")["compute_s"] for h in (cal, plain))
+    assert slow > 1.2 * fast  # attention dominates at 128K, now at half the GEMM rate
+    calib["efficiency"]["gemm"] = 1.5
+    (tmp_path / "h200.calibration.json").write_text(json.dumps(calib))
+    with pytest.raises(ValueError, match="efficiency needs"):
+        load_hardware("h200", tmp_path)

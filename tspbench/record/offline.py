@@ -96,7 +96,11 @@ def _modelled(spec: RunSpec, m: dict, mem_total: float, hw, hw_name: str, run_id
     )
     rec["method"], rec["hardware"], rec["metrics"] = "modelled", hw_name, m
     rec["run_id"] = run_id or spec.run_id
-    rec["provenance"]["hardware_profile"] = {"name": hw_name, "sources": list(getattr(hw, "sources", []))}
+    rec["provenance"]["hardware_profile"] = {
+        "name": hw_name,
+        "sources": list(getattr(hw, "sources", [])),
+        "efficiency_source": hw.efficiency_source,
+    }
     return _stamp(rec)
 
 

@@ -45,6 +45,19 @@ class HardwareProfile:
     fabrics such as NVSwitch). On a fully connected mesh (MI300X) a single peer link carries it."""
     sources: list[str] = field(default_factory=list)
     """Where every number comes from."""
+    attention_forward_efficiency: float | None = None
+    """Fraction of peak the attention kernel reaches in forward; None = matmul_efficiency (the datasheet assumption).
+    Set only by a calibration file (`calibration`)."""
+    attention_backward_efficiency: float | None = None
+    """The same for the attention kernel's backward."""
+    calibration: str | None = None
+    """The calibration file whose measured efficiencies replaced the assumptions (conf/hardware/<name>.calibration.json,
+    written by `python -m tspbench.gpu_check --time` on that device), or None: datasheet assumptions."""
+
+    @property
+    def efficiency_source(self) -> str:
+        """What the time model's compute efficiencies are: 'calibrated (<file>)' or 'datasheet assumption'."""
+        return f"calibrated ({self.calibration})" if self.calibration else "datasheet assumption"
 
     def peak_flops(self, dtype: str) -> float:
         return self.peak_flops_fp32 if BYTES[dtype] >= 4 else self.peak_flops_bf16
@@ -81,4 +94,34 @@ def load_hardware(name: str, conf_dir: str | Path | None = None) -> HardwareProf
         "comm_efficiency",
     ):
         data[key] = float(data[key])  # YAML 1.1 reads "1e12" (no sign, no dot) as a string
-    return HardwareProfile(**data)
+    profile = HardwareProfile(**data)
+    calib = path.with_name(f"{name}.calibration.json")
+    if calib.exists():
+        apply_calibration(profile, calib)
+    return profile
+
+
+CALIBRATION_KEYS = ("gemm", "attention_forward", "attention_backward")
+
+
+def apply_calibration(profile: HardwareProfile, path: Path) -> None:
+    """Replace the assumed efficiencies by measured ones: {"device", "torch", "driver", "date", "source",
+    "efficiency": {"gemm", "attention_forward", "attention_backward"}} (fractions of the profile's bf16 peak, as
+    `tspbench.gpu_check --time` measures them on one device; attention efficiencies are relative to the FLOPs
+    costmodel.flops.hardware_flops_per_token counts: causal c = ½, the flash backward as 2.5 forwards). A malformed
+    file is an error, never ignored."""
+    import json
+
+    data = json.loads(path.read_text())
+    eff = data.get("efficiency", {})
+    missing = [k for k in CALIBRATION_KEYS if not isinstance(eff.get(k), (int, float))]
+    if missing or not all(0 < eff[k] <= 1 for k in CALIBRATION_KEYS if k not in missing):
+        raise ValueError(f"{path}: efficiency needs {', '.join(CALIBRATION_KEYS)} in (0, 1]; got {eff}")
+    profile.matmul_efficiency = float(eff["gemm"])
+    profile.attention_forward_efficiency = float(eff["attention_forward"])
+    profile.attention_backward_efficiency = float(eff["attention_backward"])
+    profile.calibration = path.name
+    profile.sources.append(
+        f"calibration {path.name}: {data.get('device', '?')}, torch {data.get('torch', '?')}, "
+        f"driver {data.get('driver', '?')}, {data.get('date', '?')}"
+    )

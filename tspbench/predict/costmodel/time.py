@@ -201,6 +201,18 @@ def schedule_exposed_comm_s(
     return exposed
 
 
+def _attention_flops_per_token(
+    model: ModelConfig, seq_len: int, mode: str, par: ParallelConfig, n_layers: int, causal_halved: bool
+) -> tuple[float, float]:
+    """(forward, backward) attention-kernel FLOPs per token of the replica inside hardware_flops_per_token: the
+    forward (re-run under full, and under selective except tsp) and the flash backward (2.5 forwards)."""
+    attn = n_layers * 4 * seq_len * model.n_heads * model.head_dim * (0.5 if causal_halved else 1.0)
+    if mode != "train":
+        return attn, 0.0
+    reruns = 1 if par.recompute == "full" or (par.recompute == "selective" and par.scheme != "tsp") else 0
+    return attn * (1 + reruns), 2.5 * attn
+
+
 # ---------------------------------------------------------------------------------------------- step
 def step_time(
     model: ModelConfig,
@@ -246,6 +258,13 @@ def step_time(
         else:
             flops += batch * seq_len / lay.loss_div * 2 * model.vocab_size / lay.vocab_div * model.dim * mult
     compute_s = flops / (hw.peak_flops(dtype) * hw.matmul_efficiency)
+    if hw.calibration:  # measured kernel efficiencies: the attention kernel's FLOPs at their own rate
+        fwd_attn, bwd_attn = _attention_flops_per_token(model, seq_len, mode, par, n_layers, causal_halved)
+        peak = hw.peak_flops(dtype)
+        attn_tokens = batch * seq_len / par.degree
+        compute_s -= attn_tokens * (fwd_attn + bwd_attn) / (peak * hw.matmul_efficiency)
+        compute_s += attn_tokens * fwd_attn / (peak * (hw.attention_forward_efficiency or hw.matmul_efficiency))
+        compute_s += attn_tokens * bwd_attn / (peak * (hw.attention_backward_efficiency or hw.matmul_efficiency))
 
     colls = layer_collectives(model, par, seq_len, batch, mode=mode, regather_kv=regather_kv)
     comm_s = n_layers * _collectives_time_s(colls, hw, b)
