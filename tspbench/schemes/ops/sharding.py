@@ -28,6 +28,7 @@ MESH_AXES = {
     "sp": ("dp", "sp"),
     "tp_sp": ("dp", "sp", "tp"),
     "tsp": ("dp", "tsp"),
+    "fsdp_sp": ("dp", "sp"),
 }
 
 
@@ -37,8 +38,13 @@ def mesh_shape(par: ParallelConfig) -> tuple[int, ...]:
 
 
 def build_mesh(par: ParallelConfig, device_type: str) -> DeviceMesh:
-    """The rank mesh of one run (world = dp × degree); one process group per axis."""
-    return init_device_mesh(device_type, mesh_shape(par), mesh_dim_names=MESH_AXES[par.scheme])
+    """The rank mesh of one run (world = dp × degree); one process group per axis. fsdp_sp with dp > 1 also
+    flattens dp × sp here (its FSDP mesh; `ApplyArgs.flat` finds it cached), so the group exists before a
+    fake-tensor trace starts."""
+    mesh = init_device_mesh(device_type, mesh_shape(par), mesh_dim_names=MESH_AXES[par.scheme])
+    if par.scheme == "fsdp_sp" and par.dp > 1:
+        mesh[("dp", "sp")]._flatten("dp+sp")
+    return mesh
 
 
 def axis_comm(mesh: DeviceMesh, axis: str, log: CommLog) -> Comm:
@@ -49,12 +55,15 @@ def axis_comm(mesh: DeviceMesh, axis: str, log: CommLog) -> Comm:
 class Shard:
     """How a local parameter relates to reference parameter `name`: split along `dim` over `comm`
     (group-rank order), or replicated (`comm is None`). `grad_sum` is the group over which its gradient
-    must be summed after backward because different ranks used it on different tokens."""
+    must be summed after backward because different ranks used it on different tokens. `fsdp`: the parameter is
+    FSDP2's (a DTensor row-sharded over `comm`); FSDP reduce-scatters its gradient, the gradient sync leaves it
+    alone (schemes/fsdp_sp.py)."""
 
     name: str
     dim: int | None = None
     comm: Comm | None = None
     grad_sum: Comm | None = None
+    fsdp: bool = False
 
 
 def slice_param(
