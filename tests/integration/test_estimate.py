@@ -206,7 +206,7 @@ def test_costmodel_matches_estimate_forward(scheme, tp):
 def llama_128k():
     """The paper setting (bf16, AdamW with fp32 master/m/v, full recompute, B = 1), D = 8, 128K tokens."""
     out = {}
-    for scheme in ("tsp", "tp", "sp"):
+    for scheme in ("tsp", "tp", "sp", "fsdp_sp"):
         par = ParallelConfig(scheme=scheme, degree=8, recompute=PAPER_MEMORY_SETTING.recompute)
         t0 = time.perf_counter()
         rec = estimate(LLAMA7B, par, S128K, PAPER_MEMORY_SETTING.batch, hardware="h100")
@@ -214,7 +214,7 @@ def llama_128k():
     return out
 
 
-@pytest.mark.parametrize("scheme", ["tsp", "tp", "sp"])
+@pytest.mark.parametrize("scheme", ["tsp", "tp", "sp", "fsdp_sp"])
 @pytest.mark.slow
 def test_costmodel_matches_estimate_llama7b_128k(llama_128k, scheme):
     par, rec, _ = llama_128k[scheme]
