@@ -1,5 +1,5 @@
 """The parity matrix: every scheme × D ∈ {2, 3, 4} × {MHA, GQA} × recompute {none, selective, full} in
-float64, D = 8 for tsp and sp, data-parallel replicas (dp = 2, with small gradient buckets so every bucketing
+float64, D = 8 for tsp, sp and fsdp_sp, data-parallel replicas (dp = 2, with small gradient buckets so every bucketing
 path runs), the K/V-exchange variants, the embedding / head options, and deliberately broken variants.
 
 Cases are grouped by world size so each group runs in ONE spawned rank group (spawning is the slow part
@@ -41,6 +41,7 @@ VARIANTS = {
         ("tsp", "allgather", 0),
         ("tp_sp", "allgather", 1),
         ("tp_sp", "allgather", 2),
+        ("fsdp_sp", "allgather", 0),
     ],
     4: [
         ("tp", "allgather", 0),
@@ -50,6 +51,8 @@ VARIANTS = {
         ("tsp", "allgather", 0),
         ("tp_sp", "allgather", 2),
         ("tp_sp", "ring", 2),
+        ("fsdp_sp", "allgather", 0),
+        ("fsdp_sp", "ring", 0),
     ],
     3: [
         ("tp", "allgather", 0),
@@ -59,6 +62,7 @@ VARIANTS = {
         ("tsp", "allgather", 0),
         ("tp_sp", "allgather", 1),
         ("tp_sp", "allgather", 3),
+        ("fsdp_sp", "allgather", 0),
     ],
 }
 
@@ -67,7 +71,7 @@ def case_id(vc: VerifyConfig, breakage: str | None) -> str:
     s = f"{vc.scheme}-D{vc.degree}-dp{vc.dp}-{vc.model.name}-rc_{vc.recompute}"
     if vc.dtype != "float64":
         s += f"-{vc.dtype}"
-    if vc.scheme in ("sp", "tp_sp"):
+    if vc.scheme in ("sp", "tp_sp", "fsdp_sp"):
         s += f"-{vc.sp_variant}"
     if vc.scheme == "tp_sp":
         s += f"-T{vc.tp}"
@@ -114,7 +118,7 @@ def cases_for_world(world: int) -> list[tuple[VerifyConfig, str | None]]:
     if world == 8:  # MQA at T = 2 with 2 replicas: the K/V gradient all-reduce spans dp × sp × the 2 tensor ranks
         out.append((_vc(KV1, "tp_sp", 4, tp=2, dp=2), None))
     if world == 8:
-        for scheme in ("tsp", "sp"):
+        for scheme in ("tsp", "sp", "fsdp_sp"):
             for model in (MHA, GQA8):
                 out.append((_vc(model, scheme, 8), None))
     if world in (2, 4):  # the embedding / head options: TSP's vocabulary ring, the TP family replicated
@@ -147,6 +151,7 @@ def cases_for_world(world: int) -> list[tuple[VerifyConfig, str | None]]:
             (_vc(MHA, "tsp", 2), "perturbed_replica_grad"),
             (_vc(MHA, "tp", 2), "perturbed_replica_grad"),
             (_vc(MHA, "single", 1, dp=2), "perturbed_replica_grad"),
+            (_vc(MHA, "fsdp_sp", 2), "fsdp_no_reduce_scatter"),
         ]
     if world == 4:
         out += [
@@ -156,6 +161,7 @@ def cases_for_world(world: int) -> list[tuple[VerifyConfig, str | None]]:
             # replicated KV heads whose gradients are summed over the wrong ranks
             (_vc(KV2, "tsp", 4), "kv_head_wrong_group"),
             (_vc(KV2, "tp", 4), "kv_head_wrong_group"),
+            (_vc(GQA, "fsdp_sp", 2, dp=2), "fsdp_no_reduce_scatter"),
         ]
     return out
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-SCHEMES = ("single", "tp", "tp_msp", "sp", "tp_sp", "tsp")
+SCHEMES = ("single", "tp", "tp_msp", "sp", "tp_sp", "tsp", "fsdp_sp")
 """Scheme names used by configs, results and reports (docs/method.md#naming)."""
 
 SP_VARIANTS = ("allgather", "ring")
@@ -66,15 +66,16 @@ class ParallelConfig:
     """Which scheme, over how many ranks, and how it is run."""
 
     scheme: str = "single"
-    """One of single | tp | tp_msp | sp | tp_sp | tsp."""
+    """One of single | tp | tp_msp | sp | tp_sp | tsp | fsdp_sp."""
     degree: int = 1
-    """Ranks per model replica (the group size): T for tp/tp_msp, Σ for sp, T·Σ for tp_sp, D for tsp."""
+    """Ranks per model replica (the group size): T for tp/tp_msp, Σ for sp and fsdp_sp, T·Σ for tp_sp, D for
+    tsp."""
     tp: int = 0
     """tp_sp only: tensor degree T (Σ = degree / T). 0 picks the largest T ≤ √degree dividing degree."""
     dp: int = 1
     """Data-parallel replicas; world size = dp × degree."""
     sp_variant: str = "allgather"
-    """sp and tp_sp: K/V exchange, allgather (zigzag, default) or ring (peer-to-peer, online softmax)."""
+    """sp, tp_sp and fsdp_sp: K/V exchange, allgather (zigzag, default) or ring (peer-to-peer, online softmax)."""
     kv_bucket_heads: int = 0
     """tsp only: KV heads per K/V all-gather in the attention owner loop (head buckets: bucket b+1's all-gather is in
     flight while bucket b's attention runs; smaller buckets bound the gathered K/V buffer). 0: all of an owner's
@@ -115,7 +116,7 @@ class ParallelConfig:
     @property
     def sp_degree(self) -> int:
         """Token-sharding degree; tp_msp shards norms/residuals only, so it counts as 1 here."""
-        if self.scheme in ("sp", "tsp"):
+        if self.scheme in ("sp", "tsp", "fsdp_sp"):
             return self.degree
         if self.scheme == "tp_sp":
             return self.degree // self.resolved_tp()
@@ -223,6 +224,17 @@ def validate_parallel(
             seq_len % (2 * s) == 0,
             f"seq_len={seq_len} must be divisible by 2×(sequence degree {s}) = {2 * s} "
             f"for the zigzag layout (scheme={p.scheme}); e.g. seq_len={2 * s * max(1, seq_len // (2 * s))}",
+        )
+    if p.scheme == "fsdp_sp":
+        n = p.dp * p.degree
+        _need(
+            p.vocab == "auto",
+            f"vocab={p.vocab}: scheme=fsdp_sp shards the embedding and LM head with FSDP; allowed: vocab=auto",
+        )
+        _need(
+            m.dim % n == 0,
+            f"model.dim={m.dim} must be divisible by dp × degree = {n} (scheme=fsdp_sp shards every weight's rows "
+            f"over dp × degree); allowed dp × degree: {_divisors(m.dim)}",
         )
     if p.scheme == "tp_msp":
         _need(seq_len % t == 0, f"seq_len={seq_len} must be divisible by degree={t} for scheme=tp_msp")

@@ -85,6 +85,33 @@ def test_estimate_matches_real_run(real_runs, scheme, recompute):
     assert est["comm"]["comm_elems_per_layer_fwd"] > 0
 
 
+FSDP_CASES = [("fsdp_sp", 1, "none"), ("fsdp_sp", 1, "full"), ("fsdp_sp", 2, "selective")]
+
+
+@pytest.fixture(scope="module")
+def real_runs_fsdp():
+    """FSDP2 on gloo: Σ = 2 (and Σ = 2 × dp = 2, four ranks), the estimate's FSDP bookkeeping against real storage."""
+    out = {}
+    for dp in (1, 2):  # one spawned group per world size
+        keys = [c for c in FSDP_CASES if c[1] == dp]
+        pars = [ParallelConfig(scheme=s, degree=2, dp=dp, recompute=rc) for s, _, rc in keys]
+        cases = [(TINY, par, 64, 1, "train", "float32") for par in pars]
+        out.update(zip(keys, measure(cases)))
+    return out
+
+
+@pytest.mark.parametrize("scheme,dp,recompute", FSDP_CASES)
+def test_estimate_matches_real_run_fsdp(real_runs_fsdp, scheme, dp, recompute):
+    real = real_runs_fsdp[(scheme, dp, recompute)]
+    par = ParallelConfig(scheme=scheme, degree=2, dp=dp, recompute=recompute)
+    est = json.loads(json.dumps(estimate_summary(TINY, par, 64, 1, dtype="float32", attention="native")))
+    slack = _gloo_slack(real, par)
+    assert not _within(real["mem"], est["mem"], slack=slack), _within(real["mem"], est["mem"], slack=slack)
+    assert est["mem"]["params"] == real["mem"]["params"] and est["mem"]["optimizer"] == real["mem"]["optimizer"]
+    assert est["flops"] == pytest.approx(real["flops"], rel=0.05) and est["flops"] > 0
+    assert est["comm_ops"] == real["comm_ops"] and est["comm"] == real["comm"]
+
+
 REAL_CASES_4 = [("tp_sp", 2, "none"), ("tsp", 0, "full")]
 
 
@@ -136,6 +163,9 @@ def test_comm_counts_are_not_vacuous(real_runs):
         ("tp", 0, "selective", "auto"),
         ("sp", 0, "selective", "auto"),
         ("tp_sp", 2, "selective", "auto"),
+        ("fsdp_sp", 0, "none", "auto"),
+        ("fsdp_sp", 0, "selective", "auto"),
+        ("fsdp_sp", 0, "full", "auto"),
     ],
 )
 def test_costmodel_matches_estimate_gqa(scheme, tp, recompute, vocab):
@@ -175,7 +205,7 @@ def _near_tie_mismatch(cfg, par, model: dict, est: dict, tol: float = 0.05) -> l
     return _within(model, est, tol)
 
 
-@pytest.mark.parametrize("scheme,tp", [("tp", 0), ("tp_msp", 0), ("tp_sp", 2), ("sp", 0), ("tsp", 0)])
+@pytest.mark.parametrize("scheme,tp", [("tp", 0), ("tp_msp", 0), ("tp_sp", 2), ("sp", 0), ("tsp", 0), ("fsdp_sp", 0)])
 def test_costmodel_matches_estimate_forward(scheme, tp):
     """Forward only (serving prefill without a cache): the LM head / cross-entropy moment or one layer. The
     total only: the forward phases lump a layer's working set into temporaries (the estimate files TP's
@@ -191,7 +221,7 @@ def test_costmodel_matches_estimate_forward(scheme, tp):
 def llama_128k():
     """The paper setting (bf16, AdamW with fp32 master/m/v, full recompute, B = 1), D = 8, 128K tokens."""
     out = {}
-    for scheme in ("tsp", "tp", "sp"):
+    for scheme in ("tsp", "tp", "sp", "fsdp_sp"):
         par = ParallelConfig(scheme=scheme, degree=8, recompute=PAPER_MEMORY_SETTING.recompute)
         t0 = time.perf_counter()
         rec = estimate(LLAMA7B, par, S128K, PAPER_MEMORY_SETTING.batch, hardware="h100")
@@ -199,7 +229,7 @@ def llama_128k():
     return out
 
 
-@pytest.mark.parametrize("scheme", ["tsp", "tp", "sp"])
+@pytest.mark.parametrize("scheme", ["tsp", "tp", "sp", "fsdp_sp"])
 @pytest.mark.slow
 def test_costmodel_matches_estimate_llama7b_128k(llama_128k, scheme):
     par, rec, _ = llama_128k[scheme]

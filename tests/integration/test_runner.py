@@ -305,7 +305,12 @@ def test_energy_is_none_on_cpu_and_counter_validation():
 
 # ------------------------------------------------------------------------ the measured path is the proven path
 @pytest.mark.parametrize(
-    "scheme,extra", [("tsp", ["degree=2", "dp=2"]), ("tp_sp", ["degree=4", "'scheme_opts.tp_sp.tps=[2]'"])]
+    "scheme,extra",
+    [
+        ("tsp", ["degree=2", "dp=2"]),
+        ("tp_sp", ["degree=4", "'scheme_opts.tp_sp.tps=[2]'"]),
+        ("fsdp_sp", ["degree=2", "dp=2"]),
+    ],
 )
 def test_measured_steps_keep_replicas_in_sync_and_equal_the_reference(tmp_path, scheme, extra):
     """The worker trains with tspbench.schemes.train.train_step, the step verify proves: after its steps every

@@ -27,6 +27,10 @@ def formula_fwd(vc) -> float:
         W = (2 * m.n_heads * d + 2 * n * kv * d) * h + 3 * m.ffn_hidden * h  # (2 + 2/g + 3F)·h²
         K = 2 * B * S * n * kv * d  # 2·B·S·h/g
         return (W + K) * (n - 1) / n
+    if vc.scheme == "fsdp_sp":  # FSDP all-gathers the block unit (W + its 2 norm weights) over N = dp·Σ ranks
+        N = vc.dp * n
+        W = (2 * m.n_heads * d + 2 * m.n_kv_heads * d) * h + 3 * m.ffn_hidden * h
+        return (W + 2 * h) * (N - 1) / N + 2 * B * S * (h / g) * (n - 1) / n
     raise AssertionError(vc.scheme)
 
 
@@ -35,15 +39,27 @@ def _kv_heads_per_rank(vc) -> int:
     return max(vc.model.n_kv_heads // t, 1)
 
 
+def fsdp_unit_volume(vc) -> float:
+    """fsdp_sp: one all-gather (or reduce-scatter) of a block unit, per rank received."""
+    m, N = vc.model, vc.dp * vc.degree
+    W = (2 * m.n_heads * m.head_dim + 2 * m.n_kv_heads * m.head_dim) * m.dim + 3 * m.ffn_hidden * m.dim
+    return (W + 2 * m.dim) * (N - 1) / N
+
+
 def formula_bwd(vc) -> float:
     """No recompute. TP/Megatron-SP mirror their forward collectives; SP/TP×SP reduce-scatter dK/dV (ring:
     reverse hops of the same size); TSP re-broadcasts and re-gathers (docs/method.md#choice-backward), reduces dW
-    to owners, reduce-scatters dK/dV and runs a second weight ring plus a gradient ring: 2W + 2K."""
+    to owners, reduce-scatters dK/dV and runs a second weight ring plus a gradient ring: 2W + 2K. FSDP×SP
+    (docs/method.md#fsdp-sp): the unit all-gathered again and its gradient reduce-scattered, dK/dV as sp."""
     f = formula_fwd(vc)
+    if vc.scheme == "fsdp_sp":
+        return f + fsdp_unit_volume(vc)
     return 2 * f if vc.scheme == "tsp" else f
 
 
-CASES = [k for k, (w, vc, b) in ALL.items() if b is None and vc.scheme != "single" and vc.dp == 1]
+CASES = [
+    k for k, (w, vc, b) in ALL.items() if b is None and vc.scheme != "single" and (vc.dp == 1 or vc.scheme == "fsdp_sp")
+]
 
 
 @pytest.mark.parametrize("cid", CASES)
@@ -55,6 +71,8 @@ def test_layer_volume_equals_formula(parity_results, cid):
         assert got["bwd"] == pytest.approx(formula_bwd(vc), rel=1e-12, abs=0)
     elif vc.recompute == "selective":  # only the attention kernel is replayed: the ring's hops are its part
         assert got["bwd"] == pytest.approx(formula_bwd(vc) + selective_replay(vc), rel=1e-12, abs=0)
+    elif vc.scheme == "fsdp_sp":  # full: the unit stays gathered for backward; only the K/V exchange replays
+        assert got["bwd"] == pytest.approx(formula_bwd(vc) + selective_replay(vc), rel=1e-12, abs=0)
     else:  # full recompute replays the block's forward collectives during backward, never fewer
         assert got["bwd"] > formula_bwd(vc)
 
@@ -62,7 +80,7 @@ def test_layer_volume_equals_formula(parity_results, cid):
 def selective_replay(vc) -> float:
     """recompute=selective re-runs the core attention in backward, and for token-sharded schemes the core
     includes the K/V exchange (TransformerEngine's context-parallel attention): one more forward K/V volume."""
-    if vc.scheme not in ("sp", "tp_sp") or (vc.scheme == "tp_sp" and vc.degree == vc.tp):
+    if vc.scheme not in ("sp", "tp_sp", "fsdp_sp") or (vc.scheme == "tp_sp" and vc.degree == vc.tp):
         return 0.0
     m, n = vc.model, vc.degree
     t = vc.tp if vc.scheme == "tp_sp" else 1
@@ -70,7 +88,9 @@ def selective_replay(vc) -> float:
     return 2 * vc.batch * vc.seq_len * m.head_dim * max(m.n_kv_heads // t, 1) * (s - 1) / s
 
 
-@pytest.mark.parametrize("cid", [c for c in CASES if ALL[c][1].recompute in ("none", "selective")])
+@pytest.mark.parametrize(
+    "cid", [c for c in CASES if ALL[c][1].recompute in ("none", "selective") or ALL[c][1].scheme == "fsdp_sp"]
+)
 def test_cost_model_predicts_counted_volume(parity_results, cid):
     world, vc, _ = ALL[cid]
     got = parity_results(world)[cid]["comm_layer0"]
@@ -80,17 +100,23 @@ def test_cost_model_predicts_counted_volume(parity_results, cid):
 
 
 @pytest.mark.parametrize(
-    "cid", [c for c in CASES if ALL[c][1].recompute == "none" and ALL[c][1].scheme in ("tp", "tsp")]
+    "cid", [c for c in CASES if ALL[c][1].recompute == "none" and ALL[c][1].scheme in ("tp", "tsp", "fsdp_sp")]
 )
 def test_collective_pattern(parity_results, cid):
     """Not just the volume: the ops. TP: 2 all-reduces forward. TSP: D broadcasts, D K/V all-gathers and
-    D−1 weight-ring hops forward, and no all-reduce inside a layer."""
+    D−1 weight-ring hops forward, and no all-reduce inside a layer. FSDP×SP: the unit all-gathered once forward,
+    once backward, its gradient reduce-scattered once."""
     world, vc, _ = ALL[cid]
     ops = parity_results(world)[cid]["comm_ops_layer0"]
     fwd = [o[0] for o in ops if o[1] == "fwd"]
     D = vc.degree
     if vc.scheme == "tp":
         assert fwd == ["all_reduce", "all_reduce"]
+    elif vc.scheme == "fsdp_sp":  # one all-gather of the unit (FSDP) forward, again + a reduce-scatter backward
+        n = vc.dp * vc.degree
+        unit = [o for o in ops if o[2] == round(fsdp_unit_volume(vc) * n / (n - 1))]  # (op, phase, numel, recv)
+        assert [(o[0], o[1]) for o in unit] == [("all_gather", "fwd"), ("all_gather", "bwd"), ("reduce_scatter", "bwd")]
+        assert "all_reduce" not in [o[0] for o in ops]
     else:
         assert fwd.count("broadcast") == D and fwd.count("all_gather") == D and fwd.count("send_recv") == D - 1
         assert "all_reduce" not in [o[0] for o in ops]
@@ -114,7 +140,7 @@ def test_embedding_and_head_volume(parity_results, cid):
     for tag in ("embed", "head"):
         for phase in ("fwd", "bwd"):
             assert got[tag][phase] == pytest.approx(pred[tag][phase], rel=1e-12, abs=0), (tag, phase)
-    assert (got["head"]["fwd"] > 0) == (vc.parallel().vocab_degree > 1)
+    assert (got["head"]["fwd"] > 0) == (vc.parallel().vocab_degree > 1 or vc.scheme == "fsdp_sp")
 
 
 def test_embed_head_formula_by_hand():

@@ -34,6 +34,9 @@ BAD = [
     (["scheme=tp_msp", "degree=4", "model.vocab_size=130"], "model.vocab_size=130 must be divisible by the degree 4"),
     (["scheme=tp", "vocab=ring"], "vocab=ring is a TSP option"),
     (["scheme=tsp", "vocab=sharded"], "allowed: auto, replicated, ring"),
+    (["scheme=fsdp_sp", "degree=3", "seq_len=36"], "model.dim=64 must be divisible by dp × degree = 3"),
+    (["scheme=fsdp_sp", "degree=2", "dp=3"], "model.dim=64 must be divisible by dp × degree = 6"),
+    (["scheme=fsdp_sp", "vocab=replicated"], "allowed: vocab=auto"),
 ]
 
 

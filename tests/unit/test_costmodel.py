@@ -105,6 +105,7 @@ def test_train_volumes_follow_section5():
         ("tp_sp", 8, 4),
         ("tsp", 8, 0),
         ("tsp", 4, 0),
+        ("fsdp_sp", 8, 0),
         ("single", 1, 0),
     ],
 )
@@ -163,7 +164,7 @@ def test_parameter_count_and_state_bytes():
         assert sharded_state == pytest.approx(k * non_embedding_params(LLAMA7B) / 8)
     assert 16 * non_embedding_params(LLAMA7B) / 8 / 1e9 == pytest.approx(17.18, abs=0.005)  # 17.2 GB/rank
     # sp replicates every weight; TP shards them like TSP
-    sp = memory_breakdown(LLAMA7B, ParallelConfig(scheme="sp", degree=8), S128K, 1)
+    sp = memory_breakdown(LLAMA7B, ParallelConfig(scheme="sp", degree=8, recompute="full"), S128K, 1)
     assert sp["params"] == pytest.approx(2 * (non_embedding_params(LLAMA7B) + replicated_params(LLAMA7B)))
     # TP shards the blocks like TSP, and the embedding / LM head by vocabulary (TSP replicates those)
     tp_par = ParallelConfig(scheme="tp", degree=8)
@@ -379,6 +380,7 @@ def test_paper_tables():
         ("tsp", 0, "auto"),
         ("tsp", 0, "ring"),
         ("tp", 0, "replicated"),
+        ("fsdp_sp", 0, "auto"),
     ],
 )
 def test_edge_collectives_move_what_comm_embed_head_counts(scheme, tp, vocab):
@@ -393,11 +395,13 @@ def test_edge_collectives_move_what_comm_embed_head_counts(scheme, tp, vocab):
         got = sum(c * received_elems(op, p, n) for op, p, n, _, c in colls)
         want = sum(v["fwd"] + v["bwd"] for v in comm_embed_head(LLAMA7B, par, S128K, 1, mode=mode).values())
         assert got == pytest.approx(want, rel=1e-12, abs=0)
-        assert (got > 0) == (par.vocab_degree > 1)
+        assert (got > 0) == (par.vocab_degree > 1 or scheme == "fsdp_sp")
 
 
 # ---------------------------------------------------------------------------------------------- decode
-@pytest.mark.parametrize("scheme,tp", [("tp", 0), ("tp_msp", 0), ("tp_sp", 2), ("tp_sp", 1), ("sp", 0), ("tsp", 0)])
+@pytest.mark.parametrize(
+    "scheme,tp", [("tp", 0), ("tp_msp", 0), ("tp_sp", 2), ("tp_sp", 1), ("sp", 0), ("tsp", 0), ("fsdp_sp", 0)]
+)
 def test_decode_collectives_move_what_comm_decode_counts(scheme, tp):
     """The time model's decode collectives receive costmodel.comm_decode_per_layer, which test_decode binds
     to the CommLog of real decode steps."""
@@ -509,3 +513,27 @@ def test_calibration_file_replaces_the_assumed_efficiencies(tmp_path):
     (tmp_path / "h200.calibration.json").write_text(json.dumps(calib))
     with pytest.raises(ValueError, match="efficiency needs"):
         load_hardware("h200", tmp_path)
+
+
+@pytest.mark.parametrize("dp", [1, 2])
+def test_fsdp_sp_shards_model_state_over_dp_times_sigma(dp):
+    """fsdp_sp (docs/method.md#fsdp-sp): weights, gradients and AdamW state of EVERY parameter ÷ N = dp·Σ (16 B per
+    parameter in bf16 with fp32 master, m, v), sp's activations, and no separate gradient sync; a layer's traffic
+    is the unit's all-gather forward, all-gather + reduce-scatter backward, over N."""
+    from tspbench.predict.costmodel import params_per_device
+    from tspbench.predict.costmodel.params import layer_weight_params
+
+    par = ParallelConfig(scheme="fsdp_sp", degree=8, dp=dp, recompute="full")
+    n = 8 * dp
+    total = LLAMA7B.n_layers * (layer_weight_params(LLAMA7B) + 2 * LLAMA7B.dim) + LLAMA7B.dim
+    total += 2 * LLAMA7B.vocab_size * LLAMA7B.dim
+    assert params_per_device(LLAMA7B, par) == pytest.approx(total / n)
+    mem = memory_breakdown(LLAMA7B, par, S128K, 1)
+    assert mem["optimizer"] == pytest.approx(12 * total / n) and mem["params"] == pytest.approx(2 * total / n)
+    sp = memory_breakdown(LLAMA7B, ParallelConfig(scheme="sp", degree=8), S128K, 1)
+    assert mem["total"] < sp["total"] / 4  # SP replicates the 7B model's state; FSDP×SP does not
+    c = comm_per_layer(LLAMA7B, replace(par, recompute="none"), S128K, 1, mode="train")
+    unit = layer_weight_params(LLAMA7B) + 2 * LLAMA7B.dim
+    kv = 2 * S128K * LLAMA7B.dim * 7 / 8
+    assert c["fwd_total"] == pytest.approx(unit * (n - 1) / n + kv)
+    assert c["bwd_total"] == pytest.approx(2 * unit * (n - 1) / n + kv) and c["grad_sync"] == 0

@@ -162,11 +162,15 @@ def _fallback(step, module, optimizer) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def saved_tensor_bytes(param_keys: set[int], total: list[int]):
-    """Bytes autograd saves for backward (storage-deduplicated, parameters excluded)."""
+    """Bytes autograd saves for backward (storage-deduplicated, parameters excluded: those in `param_keys`, and any
+    nn.Parameter or view of one, such as FSDP2's gathered weights, whose storage it frees after forward)."""
     seen: set[int] = set()
 
     def pack(t):
         key = t.untyped_storage().data_ptr()
+        base = t if t._base is None else t._base
+        if isinstance(base, torch.nn.Parameter):
+            return t
         if key not in param_keys and key not in seen:
             seen.add(key)
             total[0] += t.untyped_storage().nbytes()

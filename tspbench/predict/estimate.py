@@ -59,7 +59,7 @@ import torch
 import torch.distributed as dist
 
 from tspbench.config import DTYPES, MODES, ModelConfig, ParallelConfig, validate_parallel
-from tspbench.predict.memtrack import CATEGORIES, MemoryTracker, gpu_attention
+from tspbench.predict.memtrack import CATEGORIES, MemoryTracker, fsdp_events, gpu_attention
 
 GIB = float(2**30)
 
@@ -180,6 +180,7 @@ def trace_step(
             tokens = torch.zeros((par.dp * batch, seq_len), dtype=torch.long, device=device)
             targets = torch.zeros((par.dp * batch, seq_len), dtype=torch.long, device=device)
         stack.enter_context(tracker)
+        stack.enter_context(fsdp_events(tracker))
         pm = apply_scheme(model, par, ApplyArgs(mesh, seq_len, seed, DTYPES[dtype], device, log))
         params = list(pm.parameters())
         tracker.own(params, "params")
@@ -394,7 +395,7 @@ def estimate(
         "status": status,
         "reason": reason,
         "scheme": par.scheme,
-        "sp_variant": par.sp_variant if par.scheme in ("sp", "tp_sp") else None,
+        "sp_variant": par.sp_variant if par.scheme in ("sp", "tp_sp", "fsdp_sp") else None,
         "degree": par.degree,
         "tp_degree": par.tp_degree,
         "sp_degree": par.sp_degree,

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch.distributed.tensor import DTensor
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -140,6 +141,8 @@ class MemoryTracker(TorchDispatchMode):
 
     def note(self, t: torch.Tensor) -> _Storage | None:
         """Register t's storage if new (or grown by a resize); return its record."""
+        if isinstance(t, DTensor):  # FSDP2's sharded parameters, gradients, optimizer state: the local shard
+            t = t._local_tensor
         dev = getattr(t, "fake_device", None) or t.device
         if dev.type == "meta":  # the meta model before sharding: no memory
             return None
@@ -159,6 +162,20 @@ class MemoryTracker(TorchDispatchMode):
             self.live[key] = (rec, weakref.ref(st, functools.partial(self._on_free, key)))
             self._event(nbytes)
             return rec
+
+    def resized(self, t: torch.Tensor, owner: str | None = None) -> None:
+        """`t`'s storage was resized in place (FSDP2 frees and re-allocates its unsharded parameters with
+        `storage.resize_`, which no dispatch mode sees): the old size is released and the new one, if any, is a
+        new allocation (so every record keeps one size over its lifetime)."""
+        st = t.untyped_storage()
+        key = id(st)
+        with self._lock:
+            self._release(key)
+            if st.nbytes() > 0:
+                rec = _Storage(st.nbytes(), self.clock, owner=owner)
+                self.storages.append(rec)
+                self.live[key] = (rec, weakref.ref(st, functools.partial(self._on_free, key)))
+                self._event(rec.nbytes)
 
     def _on_free(self, key: int, _ref: object) -> None:
         self._release(key)
@@ -252,6 +269,57 @@ def _causal_fraction(func, args, kwargs) -> float:
         return 1.0
     length = args[names.index("query")].shape[-2] if "query" in names else args[0].shape[-2]
     return (length + 1) / (2 * length)
+
+
+@contextlib.contextmanager
+def fsdp_events(tracker: MemoryTracker):
+    """What FSDP2 does outside the dispatcher, made visible to `tracker` (schemes/fsdp_sp.py): its unsharded
+    parameters are allocated and freed by `storage.resize_` (recorded as comm_buffers: all-gathered weights),
+    and it assigns each sharded gradient itself after the reduce-scatter (no post-accumulate-grad hook fires),
+    so the gradients are marked when a unit's post-backward has run."""
+    from torch.distributed.fsdp._fully_shard import _fsdp_param, _fsdp_param_group
+
+    real_alloc, real_free = _fsdp_param.alloc_storage, _fsdp_param.free_storage
+    real_post = _fsdp_param_group.FSDPParamGroup.post_backward
+    real_init = _fsdp_param.FSDPParam.init_all_gather_outputs
+
+    def init_all_gather_outputs(self, *args, **kwargs):  # the unsharded parameters' first allocation
+        real_init(self, *args, **kwargs)
+        tracker.own(self.all_gather_outputs, "comm_buffers")
+
+    def alloc_storage(t: torch.Tensor) -> None:
+        before = t.untyped_storage().nbytes()
+        real_alloc(t)
+        if t.untyped_storage().nbytes() != before:
+            tracker.resized(t, owner="comm_buffers")
+
+    def free_storage(t: torch.Tensor) -> None:
+        before = t.untyped_storage().nbytes()
+        real_free(t)
+        if t.untyped_storage().nbytes() != before:
+            tracker.resized(t)
+
+    def post_backward(self, *args, **kwargs):
+        out = real_post(self, *args, **kwargs)
+        for fp in self.fsdp_params:
+            tracker.grad_attached(fp.sharded_param.grad)
+        return out
+
+    patches = [
+        (_fsdp_param, "alloc_storage", alloc_storage),
+        (_fsdp_param, "free_storage", free_storage),
+        (_fsdp_param_group, "alloc_storage", alloc_storage),
+        (_fsdp_param_group.FSDPParamGroup, "post_backward", post_backward),
+        (_fsdp_param.FSDPParam, "init_all_gather_outputs", init_all_gather_outputs),
+    ]
+    saved = [(obj, name, getattr(obj, name)) for obj, name, _ in patches]
+    for obj, name, fn in patches:
+        setattr(obj, name, fn)
+    try:
+        yield
+    finally:
+        for obj, name, fn in saved:
+            setattr(obj, name, fn)
 
 
 # ------------------------------------------------------------------------------------------- attention

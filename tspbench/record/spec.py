@@ -103,7 +103,7 @@ class RunSpec:
 
     def label(self) -> str:
         extra = f" T={self.parallel().tp_degree}" if self.scheme == "tp_sp" else ""
-        extra += f" {self.sp_variant}" if self.scheme in ("sp", "tp_sp") else ""
+        extra += f" {self.sp_variant}" if self.scheme in ("sp", "tp_sp", "fsdp_sp") else ""
         extra += f" vocab={self.vocab}" if self.vocab != "auto" else ""
         return f"{self.scheme} d{self.degree}{extra} S={self.seq_len} B={self.batch} {self.mode}"
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from tspbench.record.schema import STATUSES
 
-SCHEME_ORDER = ("single", "tp", "tp_msp", "sp", "tp_sp", "tsp")
+SCHEME_ORDER = ("single", "tp", "tp_msp", "sp", "tp_sp", "fsdp_sp", "tsp")
 
 
 def latest_by_run_id(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:

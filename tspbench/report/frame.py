@@ -19,7 +19,7 @@ WITHIN_PCT = 10.0
 CPU_NOTE = "CPU (gloo): checks the machinery, not GPU performance"
 NOT_REPRODUCED = "not reproduced by these results"
 
-SCHEME_ORDER = ("single", "tp", "tp_msp", "sp", "tp_sp", "tsp")
+SCHEME_ORDER = ("single", "tp", "tp_msp", "sp", "tp_sp", "fsdp_sp", "tsp")
 # "SP" is spelled out everywhere: the paper's SP is token sharding (= CP), not Megatron-SP (docs/method.md#naming).
 SCHEME_NAMES = {
     "single": "single device",
@@ -28,6 +28,7 @@ SCHEME_NAMES = {
     "sp": "SP (token sharding / CP)",
     "tp_sp": "TP×SP",
     "tsp": "TSP",
+    "fsdp_sp": "FSDP×SP",
 }
 METHOD_ORDER = ("measured", "estimated", "modelled")
 # Device memory in GB (vendor figures) for the capacity line; a record's device_capacity_gib wins.

@@ -212,7 +212,7 @@ def expand_grid(cfg: ExperimentConfig, results_file: str = "", status_dir: str =
     for seq_len in seq_lens:
         for scheme in cfg.schemes:
             opts = cfg.scheme_opts.get(scheme) or SchemeOptions()
-            variants = list(opts.sp_variants) if scheme in ("sp", "tp_sp") else ["allgather"]
+            variants = list(opts.sp_variants) if scheme in ("sp", "tp_sp", "fsdp_sp") else ["allgather"]
             for degree in [1] if scheme == "single" else degrees:
                 tps = _tps_for(scheme, degree, opts)
                 for tp in tps:

@@ -42,6 +42,7 @@ from tspbench.measure import timing
 from tspbench.record.measured import build_record
 from tspbench.record.spec import RunSpec
 from tspbench.record.store import append_record
+from tspbench.schemes.base import local_tensor
 
 PROGRESS_PREFIX = "[tspbench]"
 
@@ -104,7 +105,7 @@ def replica_checksums(pm) -> dict[str, tuple[int, float, float]]:
     with torch.no_grad():
         for name, p in pm.named_local_params():
             shard = pm.shards[name]
-            t = p.detach().double()
+            t = local_tensor(p.detach()).double()  # fsdp_sp: this rank's shard of the DTensor
             out[name] = (shard.comm.rank if shard.comm is not None else 0, float(t.sum()), float((t * t).sum()))
     return out
 

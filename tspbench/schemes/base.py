@@ -11,6 +11,7 @@ from typing import Protocol
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from tspbench.config import ParallelConfig
 from tspbench.model import CoreAttention, Transformer, token_loss_sum
@@ -67,6 +68,8 @@ class ParallelModel(nn.Module):
         self.sync_groups: dict[str | None, tuple[Comm, int]] = {}
         dp_size = self.dp.size if self.dp is not None else 1
         for shard in shards.values():
+            if shard.fsdp:  # FSDP reduce-scatters these itself (schemes/fsdp_sp.py)
+                continue
             c = shard.grad_sum
             key = c.axis if c is not None else None
             if key not in self.sync_groups:
@@ -162,9 +165,10 @@ class ParallelModel(nn.Module):
         elements (few, large collectives; Megatron's DDP buckets are 40M)."""
         buckets: dict[str | None, list[torch.Tensor]] = {}
         for name, p in self.named_local_params():
-            c = self.shards[name].grad_sum
+            shard = self.shards[name]
+            c = shard.grad_sum
             key = c.axis if c is not None else None
-            if p.grad is not None and key in self.sync_groups:
+            if p.grad is not None and not shard.fsdp and key in self.sync_groups:
                 buckets.setdefault(key, []).append(p.grad)
         for key, grads in buckets.items():
             comm, divide = self.sync_groups[key]
@@ -187,6 +191,8 @@ class ParallelModel(nn.Module):
     # ---- back to full shape (verification) --------------------------------------------------------
     def unshard(self, name: str, t: torch.Tensor) -> torch.Tensor:
         s = self.shards[name]
+        if isinstance(t, DTensor):  # FSDP2's sharded parameter (or gradient): DTensor knows its layout
+            return t.full_tensor()
         if s.comm is None or s.dim is None:
             return t
         full = s.comm.all_gather(t, s.dim)
@@ -219,7 +225,12 @@ class ParallelModel(nn.Module):
 
     # ---- sharding audit -----------------------------------------------------------------------------
     def param_bytes(self) -> int:
-        return sum(p.numel() * p.element_size() for _, p in self.named_local_params())
+        return sum(local_tensor(p).numel() * p.element_size() for _, p in self.named_local_params())
+
+
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """This rank's part of `t`: the local shard of an FSDP2 DTensor, `t` itself otherwise."""
+    return t.to_local() if isinstance(t, DTensor) else t
 
 
 GRAD_BUCKET_ELEMS = 2**25

@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 import torch
 
-from tspbench.schemes.base import ParallelModel
+from tspbench.schemes.base import ParallelModel, local_tensor
 
 
 class MixedPrecisionAdamW:
@@ -61,7 +61,8 @@ class MixedPrecisionAdamW:
         return out
 
     def state_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.state_tensors())
+        """This rank's bytes (an FSDP2 DTensor's local shard, not its global size)."""
+        return sum(local_tensor(t).numel() * t.element_size() for t in self.state_tensors())
 
 
 def train_step(

@@ -165,6 +165,20 @@ def kv_head_wrong_group():
         yield
 
 
+@contextlib.contextmanager
+def fsdp_no_reduce_scatter():
+    """FSDP without the gradient reduce-scatter: each rank keeps its own rows of its own unsharded gradient (its
+    tokens' partial sum) instead of the sum over dp × Σ (schemes/fsdp_sp.py)."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultReduceScatter
+
+    def skip(self, output_tensor, input_tensor, group, op, async_op=False):
+        output_tensor.copy_(input_tensor.chunk(dist.get_world_size(group))[dist.get_rank(group)])
+
+    with mock.patch.object(DefaultReduceScatter, "__call__", skip):
+        yield
+
+
 BREAKAGES = {
     "missing_allreduce": missing_allreduce,
     "wrong_zigzag_order": wrong_zigzag_order,
@@ -177,4 +191,5 @@ BREAKAGES = {
     "ring_head_local_softmax": ring_head_local_softmax,
     "perturbed_replica_grad": perturbed_replica_grad,
     "kv_head_wrong_group": kv_head_wrong_group,
+    "fsdp_no_reduce_scatter": fsdp_no_reduce_scatter,
 }

@@ -101,6 +101,7 @@ class CaseResult:
     activation_bytes: list[int]  # per rank: bytes saved for backward by one forward (params excluded)
     breakage: str | None = None
     kv_cache_bytes: list[int] = field(default_factory=list)  # per rank, after prefill + decode (serving)
+    local_numel: list[dict[str, int]] = field(default_factory=list)  # per rank: elements held of each parameter
 
     @property
     def ok(self) -> bool:

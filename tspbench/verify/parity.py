@@ -30,6 +30,7 @@ def run_case(vc: VerifyConfig, breakage: str | None = None) -> CaseResult | None
     """Collective over the default process group (world = dp × degree). Returns the result on rank 0."""
     from tspbench.measure.memory import saved_tensor_bytes
     from tspbench.schemes import ApplyArgs, apply_scheme, build_mesh
+    from tspbench.schemes.base import local_tensor
     from tspbench.schemes.comm import CommLog
     from tspbench.schemes.train import MixedPrecisionAdamW, train_step
 
@@ -51,7 +52,7 @@ def run_case(vc: VerifyConfig, breakage: str | None = None) -> CaseResult | None
         tok, tgt, pos = pm.local_batch(tokens, targets)
         opt = MixedPrecisionAdamW(list(pm.parameters()), lr=LR, weight_decay=WEIGHT_DECAY)
         saved = [0]
-        param_keys = {p.untyped_storage().data_ptr() for p in pm.parameters()}
+        param_keys = {local_tensor(p).untyped_storage().data_ptr() for p in pm.parameters()}
         forward_only = saved_tensor_bytes(param_keys, saved)  # bytes saved for backward by the forward
         forward_only.__enter__()
 
@@ -84,6 +85,7 @@ def run_case(vc: VerifyConfig, breakage: str | None = None) -> CaseResult | None
         "grads": {k: v.cpu() for k, v in pm.full_state_of(seen["grads"]).items()},
         "params": {k: v.cpu() for k, v in pm.full_state(grads=False).items()},
         "sizes": (pm.param_bytes(), saved[0]),
+        "local_numel": {pm.shards[n].name: local_tensor(p).numel() for n, p in pm.named_local_params()},
     }
     everyone: list = [None] * world
     dist.all_gather_object(everyone, mine)
@@ -124,6 +126,7 @@ def run_case(vc: VerifyConfig, breakage: str | None = None) -> CaseResult | None
         [s[0] for s in sizes],
         [s[1] for s in sizes],
         breakage,
+        local_numel=[r["local_numel"] for r in everyone],
     )
 
 

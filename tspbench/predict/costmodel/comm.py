@@ -11,6 +11,7 @@ import math
 
 from tspbench.config import ModelConfig, ParallelConfig
 from tspbench.predict.costmodel.params import (
+    fsdp_shards,
     kv_heads_per_rank,
     layer_weight_params,
     layer_weight_params_per_rank,
@@ -37,14 +38,18 @@ def comm_per_layer(
         tp_sp       activations 4·(N/Σ)·h·(T−1)/T  +  kv 2·N·(h/(g·T))·(Σ−1)/Σ
         tsp         weights     W·(D−1)/D              (attention broadcasts + MLP ring)
                     kv          2·N·(h/g)·(D−1)/D
+        fsdp_sp     weights     (W + 2h)·(n−1)/n       (FSDP all-gather of the block unit over n = dp·Σ)
+                    kv          as sp
     With T (or D) > n_kv each rank holds one KV head replicated over T/n_kv ranks: h/(g·T) becomes d (tp_sp),
     and tsp's D owner shards carry D KV heads (weights and kv grow by the replicas; docs/method.md#choice-gqa).
     Backward, no recompute: TP repeats its all-reduces; SP/TP×SP reduce-scatter dK/dV (= kv); TSP re-sends
     the weights (W) and reduces the weight gradients to their owners (W) and reduce-scatters dK/dV (K), so
     TSP is 3W + 2K forward + backward. `regather_kv=True` adds one K/V all-gather to the backward of
     sp/tp_sp/tsp (default None: what the code does, True for tsp; the 3W + 2K of docs/method.md#communication
-    keeps K/V instead). Full recompute adds one more forward. `grad_sync` is per step, not per layer: the
-    all-reduce over the group of gradients that ranks holding different tokens compute for the same weights
+    keeps K/V instead). fsdp_sp's backward all-gathers the unit again and reduce-scatters its gradient:
+    2·(W + 2h)·(n−1)/n; its recompute (full, or selective's K/V exchange) replays the K/V exchange only (the unit
+    is gathered once for backward). Full recompute adds one more forward. `grad_sync` is per step, not per layer:
+    the all-reduce over the group of gradients that ranks holding different tokens compute for the same weights
     (ring all-reduce: 2·n·(p−1)/p received).
     """
     lay, h, n = layout(par), model.dim, batch * seq_len
@@ -56,8 +61,11 @@ def comm_per_layer(
     if s in ("tp", "tp_msp", "tp_sp"):
         fwd["activations"] = 4 * (n / lay.sp) * h * (lay.tp - 1) / lay.tp
     kv_d = model.head_dim * kv_heads_per_rank(model, lay.tp)  # K (or V) width per token on a rank: h/(g·T)
-    if s in ("sp", "tp_sp"):
+    if s in ("sp", "tp_sp", "fsdp_sp"):
         fwd["kv"] = 2 * n * kv_d * (lay.sp - 1) / lay.sp
+    if s == "fsdp_sp":
+        nf = fsdp_shards(par)
+        fwd["weights"] = (layer_weight_params(model) + 2 * h) * (nf - 1) / nf
     if s == "tsp":  # D owner shards (each with its own, possibly replicated, KV head) and their K/V
         d = par.degree
         fwd["weights"] = d * layer_weight_params_per_rank(model, par) * (d - 1) / d
@@ -68,9 +76,11 @@ def comm_per_layer(
         bwd["activations"] = fwd["activations"]  # TP: all-reduces (or AG/RS) mirrored
         bwd["kv"] = fwd["kv"] * (2 if regather_kv else 1)  # dK/dV reduce-scatter (+ re-gather)
         bwd["weights"] = 2 * fwd["weights"]  # TSP: weight re-send + weight-grad reduce
-        if par.recompute == "full":
+        if par.recompute == "full" and s == "fsdp_sp":
+            bwd["kv"] += fwd["kv"]  # the unit is already gathered for backward: only the K/V exchange replays
+        elif par.recompute == "full":
             bwd = {key: bwd[key] + fwd[key] for key in bwd}  # one more forward's worth
-        elif par.recompute == "selective" and s in ("sp", "tp_sp"):
+        elif par.recompute == "selective" and s in ("sp", "tp_sp", "fsdp_sp"):
             bwd["kv"] += fwd["kv"]  # the K/V exchange is part of the recomputed core attention
     elif mode != "forward":
         raise ValueError(f"mode={mode!r} is unknown; allowed: train, forward")
@@ -98,10 +108,21 @@ def comm_embed_head(
         tp_msp      embed  fwd reduce-scatter of [N, h] into the sequence shards  N·h·(T−1)/T; bwd all-gather, the same
                     head   fwd all-gather of the final norm's output N·h·(T−1)/T + 6·N·(T−1)/T;
                            bwd reduce-scatter of its gradient                         N·h·(T−1)/T
+        fsdp_sp     FSDP units over n = dp·Σ: embed fwd all-gather V·h·(n−1)/n, bwd all-gather + reduce-scatter
+                    2·V·h·(n−1)/n; head (final norm + LM head, kept gathered after forward, torchtitan's choice)
+                    fwd (V·h + h)·(n−1)/n, bwd its reduce-scatter, the same
     """
     t, h = par.vocab_degree, model.dim
     zero = {"fwd": 0.0, "bwd": 0.0}
     out = {"embed": dict(zero), "head": dict(zero)}
+    if par.scheme == "fsdp_sp":
+        nf = fsdp_shards(par)
+        emb, head = model.vocab_size * h * (nf - 1) / nf, (model.vocab_size * h + h) * (nf - 1) / nf
+        train = mode == "train"
+        return {
+            "embed": {"fwd": emb, "bwd": 2 * emb if train else 0.0},
+            "head": {"fwd": head, "bwd": head if train else 0.0},
+        }
     if t <= 1:
         return out
     f = (t - 1) / t
@@ -132,6 +153,8 @@ def comm_decode_per_layer(model: ModelConfig, par: ParallelConfig, batch: int) -
         sp (Σ)          merge: all-reduce of the max [B, n_h], then of numerator and
                         denominator packed [B, n_h, d + 1]                         2·B·n_h·(d + 2)·(Σ−1)/Σ
         tp_sp           the two, the merge on the n_h/T local heads
+        fsdp_sp         sp's merge, and FSDP all-gathers the block unit for every step's forward (resharded
+                        after it)                                                  + (W + 2h)·(n−1)/n, n = dp·Σ
         tsp (D)         all-gather q, k, v over heads (B·(n_h + 2·n_kv)·d), the merge: max all-reduced
                         (2·B·n_h), numerator‖denominator reduce-scattered over heads (B·n_h·(d + 1)),
                         and 2 all-reduces of [B, h]:                               B·(6h + 2h/g + 3·n_h)·(D−1)/D
@@ -147,6 +170,8 @@ def comm_decode_per_layer(model: ModelConfig, par: ParallelConfig, batch: int) -
         return 4 * b * h * f(lay.tp)
     if s == "sp":
         return 2 * b * n_h * (d + 2) * f(lay.sp)
+    if s == "fsdp_sp":
+        return 2 * b * n_h * (d + 2) * f(lay.sp) + (layer_weight_params(model) + 2 * h) * f(fsdp_shards(par))
     if s == "tp_sp":
         return 4 * b * h * f(lay.tp) + 2 * b * (n_h / lay.tp) * (d + 2) * f(lay.sp)
     if s == "tsp":
@@ -158,7 +183,8 @@ def comm_decode_per_layer(model: ModelConfig, par: ParallelConfig, batch: int) -
 def grad_sync_group(model: ModelConfig, par: ParallelConfig, layers: int | None = None) -> tuple[float, int]:
     """(elements all-reduced, group size) of the per-step in-group gradient all-reduce (not DP).
 
-    Ranks that see different tokens produce different partial gradients of a weight they share:
+    Ranks that see different tokens produce different partial gradients of a weight they share (fsdp_sp: none
+    here, FSDP reduce-scatters every gradient per unit, counted in comm_per_layer and comm_embed_head):
     sp all-reduces every gradient over Σ; tp_sp the T-sharded weights, vocabulary slices and norms over Σ; tsp
     the replicated norm/embedding/LM-head weights over D; tp_msp the norm weights over T (norms run on each
     rank's S/T tokens; the vocabulary-parallel embedding and head see every token). tp and single need none.

@@ -26,6 +26,7 @@ from tspbench.predict.costmodel.comm import grad_sync_group, kv_grad_sync_group
 from tspbench.predict.costmodel.params import (
     BYTES,
     kv_heads_per_rank,
+    layer_weight_params,
     layer_weight_params_per_rank,
     layout,
     params_per_device,
@@ -68,7 +69,7 @@ def geometry(par: ParallelConfig, seq_len: int, batch: int) -> Geometry:
         return Geometry(n, n, n, d, 0, False, False, batch)
     if s == "tp_msp":  # the vocabulary-parallel head gathers the sequence; a replicated one runs on S/T tokens
         return Geometry(n / d, n, n if par.vocab_degree > 1 else n / d, d, 0, False, True, batch)
-    if s == "sp":
+    if s in ("sp", "fsdp_sp"):  # fsdp_sp: sp's tokens and attention (its weights are FSDP's, see fsdp_buffers)
         return Geometry(n / d, n / d, n / d, 1, n, True, False, batch)
     if s == "tp_sp":
         t, sig = par.tp_degree, par.sp_degree
@@ -233,6 +234,8 @@ def kv_cache_bytes(model: ModelConfig, par: ParallelConfig, seq_len: int, batch:
 def largest_param_elems(model: ModelConfig, par: ParallelConfig) -> float:
     """The biggest single parameter a rank holds (its optimizer update's transient is per parameter)."""
     lay = layout(par)
+    if par.scheme == "fsdp_sp":  # every parameter's rows ÷ N
+        return max(model.vocab_size, model.ffn_hidden, model.n_heads * model.head_dim) * model.dim / lay.weight_div
     return max(
         model.vocab_size * model.dim / lay.vocab_div,
         model.ffn_hidden * model.dim / lay.weight_div,
@@ -247,11 +250,35 @@ def grad_sync_bucket_elems(model: ModelConfig, par: ParallelConfig) -> float:
     buckets do not fill exactly."""
     from tspbench.schemes.base import GRAD_BUCKET_ELEMS
 
+    if par.scheme == "fsdp_sp":  # FSDP reduce-scatters every gradient during backward: no bucket
+        return 0.0
     n_group = max(grad_sync_group(model, par)[0], kv_grad_sync_group(model, par)[0])  # one group at a time
     n = min(n_group, GRAD_BUCKET_ELEMS)
     if par.dp > 1:
         n = max(n, min(params_per_device(model, par), GRAD_BUCKET_ELEMS))
     return n
+
+
+FSDP_BUFFERS = ("unit", "unit_grad", "head", "head_grad", "embed")
+
+
+def fsdp_buffers(model: ModelConfig, dtype: str, grad_dtype: str | None = None) -> dict[str, float]:
+    """fsdp_sp's gathered weights and gradient buffers (bytes; docs/method.md#fsdp-sp), read off FSDP2:
+    unit   a block unit's unsharded weights (W + 2h)·b; in backward the prefetched neighbour's too, and FSDP keeps
+           the last reduce-scatter input (a unit's gradients, (W + 2h)·bg) until the next one is issued, so a
+           middle layer's backward holds three unit-sized buffers
+    head   final norm + LM head (V·h + h)·b, gathered from its forward until its backward
+    embed  the embedding V·h·b, gathered from layer 0's backward (prefetch) through its own
+    The unsharded gradient of the layer in backward is a temporary (autograd's, before the reduce-scatter)."""
+    b, bg = BYTES[dtype], BYTES[grad_dtype or dtype]
+    h, v = model.dim, model.vocab_size
+    return {
+        "unit": (layer_weight_params(model) + 2 * h) * b,
+        "unit_grad": (layer_weight_params(model) + 2 * h) * bg,
+        "head": (v * h + h) * b,
+        "head_grad": (v * h + h) * bg,
+        "embed": v * h * b,
+    }
 
 
 def memory_phases(
@@ -303,6 +330,8 @@ def memory_phases(
 
     lay = layout(par)
     vd, v_loc = lay.vocab_div, model.vocab_size / lay.vocab_div
+    fsdp = par.scheme == "fsdp_sp"
+    fb = fsdp_buffers(model, dtype, grad_dtype) if fsdp else dict.fromkeys(FSDP_BUFFERS, 0.0)
     if mode == "forward":
         if vd > 1:  # logits [tokens, V/T] + the cross-entropy's shifted fp32 copy (exp, softmax in place),
             # or, tp_msp, the all-gathered head input while the logits are computed
@@ -320,9 +349,9 @@ def memory_phases(
             + 2 * 2 * (geo.kv_tokens or geo.n_gemm) * model.head_dim * kv_heads_per_rank(model, geo.t) * b,
         )
         kv = kv_cache_bytes(model, par, seq_len, batch, dtype) if kv_cache else 0.0
-        return {
-            "head": phase(temporaries=logits + geo.n_res * h * b, kv_cache=kv),
-            "layer": phase(temporaries=layer, kv_cache=kv),
+        return {  # fsdp_sp: the gathered head; a layer's unit, the prefetched next one and the last flat all-gather
+            "head": phase(temporaries=logits + geo.n_res * h * b, kv_cache=kv, comm_buffers=fb["head"]),
+            "layer": phase(temporaries=layer, kv_cache=kv, comm_buffers=3 * fb["unit"]),
         }
 
     layer_saved = layer_activation_bytes(model, par, seq_len, batch, dtype)
@@ -332,6 +361,13 @@ def memory_phases(
     g_layer = (layer_weight_params_per_rank(model, par) + 2 * h) * bg
     g_mlp = 3 * model.ffn_hidden * h / lay.weight_div * bg
     g_embed, g_head = v_loc * h * bg, (v_loc * h + h) * bg
+    g_embed_full = g_embed  # the embedding backward's dense gradient (fsdp_sp: unsharded, before its reduce-scatter)
+    if fsdp:  # sharded gradients ÷ N; the layer's own in backward is autograd's unsharded one (a temporary)
+        nf = lay.weight_div
+        g_layer, g_embed, g_head = (layer_weight_params(model) + 2 * h) / nf * bg, g_embed / nf, g_head / nf
+        g_mlp_tmp, g_mlp = 3.0 * model.ffn_hidden * h * bg, 0.0
+    else:
+        g_mlp_tmp = 0.0
     g_all = n_dev * bg
     gath = _gathered_saved_bytes(model, par, seq_len, batch, b)
 
@@ -341,13 +377,29 @@ def memory_phases(
     ce_tmp = 2 * geo.n_loss * model.vocab_size * 4 if vd == 1 else geo.n_loss * v_loc * b
     out = {
         "backward": max(
-            phase(activations=L * stored + head, temporaries=ce_tmp),
-            phase(grads=g_head, activations=L * stored + geo.n_res * 4 * h, temporaries=5 * 4 * h * geo.n_res),
+            phase(activations=L * stored + head, temporaries=ce_tmp, comm_buffers=fb["head"]),
+            phase(
+                grads=g_head,
+                activations=L * stored + geo.n_res * 4 * h,
+                temporaries=5 * 4 * h * geo.n_res,
+                comm_buffers=fb["head"],
+            ),
             key=lambda p: p["total"],
         )
     }
     ws = layer_backward_working_set(model, par, seq_len, batch, dtype)
-    for name, n_stored, grads in (("bwd_first", L, g_head), ("bwd_last", 1, g_all - g_embed - g_layer)):
+    # fsdp_sp: the layer's unit, the prefetched one before it (the embedding for layer 0) and the last
+    # reduce-scatter input (the head's for the last layer); a middle layer holds three block-sized buffers, more
+    # than either end, so it is a moment of its own
+    fsdp_comm = {
+        "bwd_first": 2 * fb["unit"] + fb["head_grad"],
+        "bwd_mid_first": 2 * fb["unit"] + fb["unit_grad"],
+        "bwd_last": fb["unit"] + fb["embed"] + fb["unit_grad"],
+    }
+    moments = [("bwd_first", L, g_head), ("bwd_last", 1, g_all - g_embed - g_layer)]
+    if fsdp and L >= 3:
+        moments.insert(1, ("bwd_mid_first", L - 1, g_head + g_layer))
+    for name, n_stored, grads in moments:
         best = None
         for moment in ("mlp", "norm"):
             saved, extra, comm = ws[f"{moment}_saved"], ws[moment], ws[f"{moment}_comm"]
@@ -362,13 +414,20 @@ def memory_phases(
                     act += 4 * h * geo.n_res
                     extra -= 4 * h * geo.n_res
                 comm_b, tmp = comm, extra - comm
-            p = phase(grads=g, activations=act, temporaries=tmp, comm_buffers=comm_b)
+            if moment == "norm":
+                tmp += g_mlp_tmp
+            p = phase(grads=g, activations=act, temporaries=tmp, comm_buffers=comm_b + fsdp_comm[name])
             if best is None or p["total"] > best["total"]:
                 best = p
         assert best is not None
         out[name] = best
-    if vd == 1:  # the incoming gradient and the dense embedding gradient
-        out["embed_bwd"] = phase(grads=g_all - g_embed, temporaries=geo.n_res * h * b + g_embed)
+    if vd == 1:  # the incoming gradient and the dense embedding gradient (+ fsdp_sp: the gathered embedding and
+        # layer 0's last reduce-scatter input)
+        out["embed_bwd"] = phase(
+            grads=g_all - g_embed,
+            temporaries=geo.n_res * h * b + g_embed_full,
+            comm_buffers=fb["embed"] + fb["unit_grad"],
+        )
     else:  # + the masked lookup's gradient; tp_msp's incoming gradient is an all-gather output
         n_emb = geo.n_loss  # the embedding sees the head's tokens (tp_msp: all)
         gathered = n_emb * h * b if geo.n_loss > geo.n_res else 0.0

@@ -9,7 +9,8 @@ Parameters (Llama block, SwiGLU, RMSNorm, untied LM head; docs/method.md#memory)
                 (Megatron's vocabulary parallelism, tspbench/schemes/ops/vocab.py), replicated in sp and tsp
     replicated  (2L + 1)·h [norms]  -- on every rank, in every scheme
     sharded     W / T for tp, tp_msp, tp_sp;  W / D for tsp;  not at all for sp (weights replicated); with
-                T > n_kv (GQA/MQA) each rank holds one whole KV head (K, V: 2·h·d), replicated over T/n_kv ranks
+                T > n_kv (GQA/MQA) each rank holds one whole KV head (K, V: 2·h·d), replicated over T/n_kv ranks;
+                fsdp_sp: every parameter (norms, embedding, head included) ÷ N = dp·Σ (FSDP2)
 
 Model state bytes per parameter k (AdamW): dtype weights + grad_dtype grads + fp32 m, v (+ fp32 master when
 the weights are 16-bit and master_fp32): bf16 → 2 + 2 + 8 + 4 = 16; with fp32 grads 18 (Megatron). Without
@@ -59,6 +60,8 @@ def _layout(par: ParallelConfig) -> Layout:
         return Layout(t, sig, t, sig, t, 1, sig, t)
     if s == "tsp":
         return Layout(d, d, d, d, 1, 1, d)
+    if s == "fsdp_sp":  # sp's tokens; every weight (norms, embedding and head too) ÷ N = dp·Σ by FSDP
+        return Layout(1, d, fsdp_shards(par), d, 1, 1, d)
     raise ValueError(f"scheme={s!r} is unknown")
 
 
@@ -94,13 +97,19 @@ def non_embedding_params(model: ModelConfig) -> int:
     return model.n_layers * layer_weight_params(model)
 
 
+def fsdp_shards(par: ParallelConfig | None) -> int:
+    """N = dp·Σ: the ranks FSDP shards every weight over in fsdp_sp (docs/method.md#fsdp-sp); 1 elsewhere."""
+    return par.dp * par.degree if par is not None and par.scheme == "fsdp_sp" else 1
+
+
 def replicated_params(model: ModelConfig, layers: int | None = None, par: ParallelConfig | None = None) -> float:
     """Norm weights (held in full by every rank) and, for the full model, embedding + LM head: whole, or this
-    rank's 1/T vocabulary slice when `par` splits the vocabulary (par.vocab_degree)."""
+    rank's 1/T vocabulary slice when `par` splits the vocabulary (par.vocab_degree). fsdp_sp: 1/N of them."""
+    n = fsdp_shards(par)
     if layers is not None:
-        return 2 * model.dim * layers
+        return 2 * model.dim * layers / n
     vocab_div = par.vocab_degree if par is not None else 1
-    return (2 * model.n_layers + 1) * model.dim + 2 * model.vocab_size * model.dim / vocab_div
+    return ((2 * model.n_layers + 1) * model.dim + 2 * model.vocab_size * model.dim / vocab_div) / n
 
 
 def params_per_device(model: ModelConfig, par: ParallelConfig, layers: int | None = None) -> float:

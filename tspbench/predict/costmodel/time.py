@@ -17,6 +17,8 @@ the code has (`schedule_exposed_comm_s`, docs/method.md#choice-overlap): what ea
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from tspbench.config import ModelConfig, ParallelConfig
 from tspbench.predict.costmodel.comm import grad_sync_group, kv_grad_sync_group
 from tspbench.predict.costmodel.flops import hardware_flops_per_token
@@ -24,7 +26,9 @@ from tspbench.predict.costmodel.hardware import HardwareProfile, load_hardware  
 from tspbench.predict.costmodel.memory import kv_cache_bytes
 from tspbench.predict.costmodel.params import (
     BYTES,
+    fsdp_shards,
     kv_heads_per_rank,
+    layer_weight_params,
     layer_weight_params_per_rank,
     layout,
     local_gqa_ratio,
@@ -97,6 +101,15 @@ def layer_collectives(
         fwd += [kv]
         bwd += [c for c in fwd if c[0] == "allreduce"] + [("reduce_scatter",) + kv[1:]]
         bwd += [kv] if regather_kv or par.recompute == "selective" else []  # selective re-runs the exchange
+    elif s == "fsdp_sp":  # docs/method.md#fsdp-sp: the unit over N = dp·Σ, sp's K/V over Σ
+        nf = fsdp_shards(par)
+        unit = ("allgather", nf, layer_weight_params(model) + 2 * h, nf, 1)
+        kv = ("allgather", sig, 2 * n * kv_d, sig, 1)
+        fwd += [unit, kv]
+        bwd += [unit, ("reduce_scatter",) + unit[1:], ("reduce_scatter",) + kv[1:]]
+        bwd += [kv] if regather_kv or par.recompute == "selective" else []
+        if mode == "train" and par.recompute == "full":  # the unit stays gathered: only the K/V exchange replays
+            return fwd + bwd + [kv]
     elif s == "tsp":
         d = par.degree
         attn_shard = layer_weight_params_per_rank(model, par) - 3 * model.ffn_hidden * h / d  # one owner's
@@ -131,6 +144,12 @@ def edge_collectives(
     """Once per step: the vocabulary-parallel embedding, LM head and cross-entropy (costmodel.comm_embed_head;
     none where the vocabulary is replicated). Same tuple format as `layer_collectives`."""
     t, h = par.vocab_degree, model.dim
+    if par.scheme == "fsdp_sp":  # the embedding and head units over N = dp·Σ (gathered; embedding again + both RS)
+        nf = fsdp_shards(par)
+        emb, head = float(model.vocab_size * h), float(model.vocab_size * h + h)
+        units: list[tuple[str, int, float, int, int]] = [("allgather", nf, emb, nf, 1), ("allgather", nf, head, nf, 1)]
+        grads = [("allgather", nf, emb, nf, 1), ("reduce_scatter", nf, emb, nf, 1), ("reduce_scatter", nf, head, nf, 1)]
+        return units if mode == "forward" else units + grads
     if t <= 1:
         return []
     n = batch * seq_len / layout(par).sp
@@ -298,7 +317,10 @@ def decode_collectives(model: ModelConfig, par: ParallelConfig, batch: int) -> l
     out: list[tuple[str, int, float, int, int]] = []
     if s in ("tp", "tp_msp", "tp_sp") and lay.tp > 1:
         out.append(("allreduce", lay.tp, b * h, lay.tp, 2))  # f/g: W_O and MLP outputs
-    if s in ("sp", "tp_sp") and lay.sp > 1:
+    if s == "fsdp_sp":  # FSDP gathers the unit for every step's forward
+        nf = fsdp_shards(par)
+        out.append(("allgather", nf, layer_weight_params(model) + 2 * h, nf, 1))
+    if s in ("sp", "tp_sp", "fsdp_sp") and lay.sp > 1:
         heads = n_h / lay.tp
         out += [
             ("allreduce", lay.sp, b * heads, par.degree, 1),  # the max
@@ -379,6 +401,8 @@ def cluster_throughput(
     dp = n_gpus // par.degree
     if dp < 1:
         raise ValueError(f"n_gpus={n_gpus} is smaller than the group size degree={par.degree}")
+    if par.scheme == "fsdp_sp":  # FSDP shards over every replica (dp × Σ): its reduce-scatter is the DP average
+        par = replace(par, dp=dp)
     st = step_time(
         model,
         par,
@@ -392,7 +416,7 @@ def cluster_throughput(
         causal_halved=causal_halved,
     )
     dp_allreduce_s = 0.0
-    if mode == "train" and dp > 1:
+    if mode == "train" and dp > 1 and par.scheme != "fsdp_sp":
         grad_bytes = params_per_device(model, par, layers) * state_bytes_per_param(dtype)["grads"]
         bw, alpha = hw.link(dp * par.degree)
         dp_allreduce_s = collective_time_s("allreduce", dp, grad_bytes, bw, alpha)

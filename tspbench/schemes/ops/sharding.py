@@ -30,6 +30,7 @@ MESH_AXES = {
     "sp": ("dp", "sp"),
     "tp_sp": ("dp", "sp", "tp"),
     "tsp": ("dp", "tsp"),
+    "fsdp_sp": ("dp", "sp"),
 }
 
 
@@ -39,8 +40,13 @@ def mesh_shape(par: ParallelConfig) -> tuple[int, ...]:
 
 
 def build_mesh(par: ParallelConfig, device_type: str) -> DeviceMesh:
-    """The rank mesh of one run (world = dp × degree); one process group per axis."""
-    return init_device_mesh(device_type, mesh_shape(par), mesh_dim_names=MESH_AXES[par.scheme])
+    """The rank mesh of one run (world = dp × degree); one process group per axis. fsdp_sp with dp > 1 also
+    flattens dp × sp here (its FSDP mesh; `ApplyArgs.flat` finds it cached), so the group exists before a
+    fake-tensor trace starts."""
+    mesh = init_device_mesh(device_type, mesh_shape(par), mesh_dim_names=MESH_AXES[par.scheme])
+    if par.scheme == "fsdp_sp" and par.dp > 1:
+        mesh[("dp", "sp")]._flatten("dp+sp")
+    return mesh
 
 
 def axis_comm(mesh: DeviceMesh, axis: str, log: CommLog) -> Comm:
@@ -52,7 +58,8 @@ class Shard:
     """How a local parameter relates to reference parameter `name`: split along `dim` over `comm`
     (group-rank order), or replicated (`comm is None`). `grad_sum` is the group over which its gradient
     must be summed after backward because different ranks used it on different tokens (or, for a replicated KV
-    head, for different query heads)."""
+    head, for different query heads). `fsdp`: the parameter is FSDP2's (a DTensor row-sharded over `comm`); FSDP
+    reduce-scatters its gradient, the gradient sync leaves it alone (schemes/fsdp_sp.py)."""
 
     name: str
     dim: int | None = None
@@ -61,6 +68,7 @@ class Shard:
     replicas: int = 1
     """> 1: a KV-head slice replicated over `replicas` consecutive ranks of `comm` (GQA with fewer KV heads than
     the tensor degree, as Megatron): rank r holds slice r // replicas of comm.size // replicas."""
+    fsdp: bool = False
 
 
 def slice_param(
