@@ -78,6 +78,11 @@ class ParallelConfig:
     recompute: str = "none"
     """Activation recompute: none; selective (Megatron's core-attention recompute: the attention kernel is re-run
     in backward from the saved q, k, v); or full (each block recomputed in backward)."""
+    msp: bool = True
+    """tp_sp only: Megatron sequence parallelism on the tensor axis (true, default, as Megatron runs TP + CP with
+    --sequence-parallel): norms, residuals and checkpointed block inputs hold 1/(T·Σ) of the tokens, all-gathered
+    over T into attention / MLP and reduce-scattered out. false: the plain TP × SP ablation (f/g all-reduces on
+    the S/Σ local tokens, which are replicated T times; docs/method.md#choice-tp-sp-msp)."""
     vocab: str = "auto"
     """Embedding and LM head: auto (split by vocabulary over the tensor axis in tp, tp_msp and tp_sp, as in
     Megatron; replicated in sp and tsp), replicated (whole on every rank, every scheme), or ring (tsp only:
@@ -167,6 +172,10 @@ def validate_parallel(
         p.vocab != "ring" or p.scheme == "tsp",
         f"vocab=ring is a TSP option (scheme=tsp); scheme={p.scheme} allows vocab=auto|replicated",
     )
+    _need(
+        p.msp or p.scheme == "tp_sp",
+        f"msp=false is a tp_sp option (the plain TP × SP ablation); scheme={p.scheme} allows msp=true only",
+    )
     _need(p.degree >= 1, f"degree={p.degree} must be ≥ 1")
     _need(p.dp >= 1, f"dp={p.dp} must be ≥ 1")
     _need(seq_len >= 1 and batch >= 1, f"seq_len={seq_len} and batch={batch} must be ≥ 1")
@@ -212,6 +221,13 @@ def validate_parallel(
             seq_len % (2 * s) == 0,
             f"seq_len={seq_len} must be divisible by 2×(sequence degree {s}) = {2 * s} "
             f"for the zigzag layout (scheme={p.scheme}); e.g. seq_len={2 * s * max(1, seq_len // (2 * s))}",
+        )
+    if p.scheme == "tp_sp" and p.msp and t > 1 and s >= 1 and p.degree % t == 0:
+        step = s * t * (2 if s > 1 else 1)  # the zigzag shard (S/Σ tokens) splits into T equal pieces
+        _need(
+            seq_len % s == 0 and (seq_len // s) % t == 0,
+            f"seq_len={seq_len} must be divisible by Σ·T = {s * t} (scheme=tp_sp msp=true splits each token shard "
+            f"over the tensor axis); e.g. seq_len={step * max(1, seq_len // step)}, or msp=false",
         )
     if p.scheme == "tp_msp":
         _need(seq_len % t == 0, f"seq_len={seq_len} must be divisible by degree={t} for scheme=tp_msp")

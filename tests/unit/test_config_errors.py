@@ -27,6 +27,8 @@ BAD = [
     (["scheme=tp_msp", "degree=4", "model.vocab_size=130"], "model.vocab_size=130 must be divisible by the degree 4"),
     (["scheme=tp", "vocab=ring"], "vocab=ring is a TSP option"),
     (["scheme=tsp", "vocab=sharded"], "allowed: auto, replicated, ring"),
+    (["scheme=tp", "degree=2", "msp=false"], "msp=false is a tp_sp option"),
+    (["scheme=tp_sp", "degree=8", "tp=4", "seq_len=36"], "seq_len=36 must be divisible by Σ·T = 8"),
 ]
 
 

@@ -68,7 +68,7 @@ class ParallelModel(nn.Module):
             c = shard.grad_sum
             key = c.axis if c is not None else None
             if key not in self.sync_groups:
-                group = args.flat("dp", key) if key is not None else self.dp
+                group = args.flat("dp", *key.split("+")) if key is not None else self.dp  # "sp+tp": both axes
                 if group is not None:
                     self.sync_groups[key] = (group, dp_size)
         for i, block in enumerate(module.blocks):  # tag every collective with its layer

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 
 from tspbench.config import ModelConfig, ParallelConfig
-from tspbench.predict.costmodel.params import layer_weight_params, layout, replicated_params
+from tspbench.predict.costmodel.params import layer_weight_params, layout, megatron_sp, replicated_params
 
 
 # ---------------------------------------------------------------------------------------------- comm
@@ -28,7 +28,8 @@ def comm_per_layer(
     Forward (bandwidth-optimal collectives, N = B·S):
         tp, tp_msp  activations 4·N·h·(T−1)/T          (2 all-reduces, or 2 all-gather + reduce-scatter pairs)
         sp          kv          2·N·(h/g)·(Σ−1)/Σ      (all-gather of K and V)
-        tp_sp       activations 4·(N/Σ)·h·(T−1)/T  +  kv 2·N·(h/(g·T))·(Σ−1)/Σ
+        tp_sp       activations 4·(N/Σ)·h·(T−1)/T  +  kv 2·N·(h/(g·T))·(Σ−1)/Σ   (Megatron-SP's all-gather +
+                    reduce-scatter pairs over T, or with msp=false 2 all-reduces: the same volume)
         tsp         weights     W·(D−1)/D              (attention broadcasts + MLP ring)
                     kv          2·N·(h/g)·(D−1)/D
     Backward, no recompute: TP repeats its all-reduces; SP/TP×SP reduce-scatter dK/dV (= kv); TSP re-sends
@@ -87,6 +88,7 @@ def comm_embed_head(
         tp_msp      embed  fwd reduce-scatter of [N, h] into the sequence shards  N·h·(T−1)/T; bwd all-gather, the same
                     head   fwd all-gather of the final norm's output N·h·(T−1)/T + 6·N·(T−1)/T;
                            bwd reduce-scatter of its gradient                         N·h·(T−1)/T
+        tp_sp (msp) the tp_msp terms on shard σ's n = N/Σ tokens (msp=false: the tp terms)
     """
     t, h = par.vocab_degree, model.dim
     zero = {"fwd": 0.0, "bwd": 0.0}
@@ -101,7 +103,7 @@ def comm_embed_head(
         }
         return out if mode == "train" else {k: {"fwd": v["fwd"], "bwd": 0.0} for k, v in out.items()}
     n = batch * seq_len / layout(par).sp
-    if par.scheme == "tp_msp":
+    if par.scheme == "tp_msp" or megatron_sp(par):
         out["embed"] = {"fwd": n * h * f, "bwd": n * h * f}
         out["head"] = {"fwd": n * h * f + 6 * n * f, "bwd": n * h * f}
     else:
@@ -142,32 +144,47 @@ def comm_decode_per_layer(model: ModelConfig, par: ParallelConfig, batch: int) -
     return 0.0
 
 
-def grad_sync_group(model: ModelConfig, par: ParallelConfig, layers: int | None = None) -> tuple[float, int]:
-    """(elements all-reduced, group size) of the per-step in-group gradient all-reduce (not DP).
+def grad_sync_groups(model: ModelConfig, par: ParallelConfig, layers: int | None = None) -> list[tuple[float, int]]:
+    """[(elements all-reduced, group size)] of the per-step in-group gradient all-reduces (not DP), one per group.
 
     Ranks that see different tokens produce different partial gradients of a weight they share:
-    sp all-reduces every gradient over Σ; tp_sp the T-sharded weights, vocabulary slices and norms over Σ; tsp
-    the replicated norm/embedding/LM-head weights over D; tp_msp the norm weights over T (norms run on each
-    rank's S/T tokens; the vocabulary-parallel embedding and head see every token). tp and single need none.
+    sp all-reduces every gradient over Σ; tp_sp the T-sharded weights, vocabulary slices and norms over Σ (with
+    Megatron-SP the norms, and a replicated embedding / head, see rank (σ, t)'s own tokens: summed over the
+    T·Σ ranks in a second group); tsp the replicated norm/embedding/LM-head weights over D; tp_msp the norm
+    weights over T (norms run on each rank's S/T tokens; the vocabulary-parallel embedding and head see every
+    token). tp and single need none.
     """
     lay, s = layout(par), par.scheme
     n_layers = model.n_layers if layers is None else layers
+    if megatron_sp(par):
+        norms = (2 * n_layers + (1 if layers is None else 0)) * model.dim
+        edges = replicated_params(model, layers, par) - norms  # vocabulary slices (or the whole, replicated)
+        sharded = n_layers * layer_weight_params(model) / lay.tp
+        if par.vocab_degree > 1:
+            return [(sharded + edges, lay.sp), (norms, par.degree)]
+        return [(sharded, lay.sp), (norms + edges, par.degree)]
     if s in ("sp", "tp_sp"):
-        return n_layers * layer_weight_params(model) / lay.tp + replicated_params(model, layers, par), lay.sp
+        return [(n_layers * layer_weight_params(model) / lay.tp + replicated_params(model, layers, par), lay.sp)]
     if s == "tsp":
-        return replicated_params(model, layers), par.degree
+        return [(replicated_params(model, layers), par.degree)]
     if s == "tp_msp":  # the norms run on each rank's own S/T tokens (a vocabulary-parallel embedding and
         # head see all of them; replicated ones see the rank's S/T tokens too)
         if par.vocab_degree == 1:
-            return replicated_params(model, layers, par), par.degree
-        return (2 * n_layers + (1 if layers is None else 0)) * model.dim, par.degree
-    return 0.0, 1
+            return [(replicated_params(model, layers, par), par.degree)]
+        return [((2 * n_layers + (1 if layers is None else 0)) * model.dim, par.degree)]
+    return []
+
+
+def grad_sync_group(model: ModelConfig, par: ParallelConfig, layers: int | None = None) -> tuple[float, int]:
+    """(elements all-reduced, group size) of the in-group gradient sync: the elements of every group together,
+    the largest group (`grad_sync_groups` has them one by one)."""
+    groups = grad_sync_groups(model, par, layers)
+    return (sum(n for n, _ in groups), max(p for _, p in groups)) if groups else (0.0, 1)
 
 
 def grad_sync_elems(model: ModelConfig, par: ParallelConfig, layers: int | None = None) -> float:
-    """Per-step elements received per device by the in-group gradient ring all-reduce: 2·n·(p−1)/p."""
-    n, p = grad_sync_group(model, par, layers)
-    return 2 * n * (p - 1) / p
+    """Per-step elements received per device by the in-group gradient ring all-reduces: Σ 2·n·(p−1)/p."""
+    return sum(2 * n * (p - 1) / p for n, p in grad_sync_groups(model, par, layers) if p > 1)
 
 
 def crossover_tokens(model: ModelConfig, degree: int, mode: str = "forward") -> int:

@@ -22,11 +22,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tspbench.config import ModelConfig, ParallelConfig
-from tspbench.predict.costmodel.comm import grad_sync_group
+from tspbench.predict.costmodel.comm import grad_sync_groups
 from tspbench.predict.costmodel.params import (
     BYTES,
     layer_weight_params,
     layout,
+    megatron_sp,
     params_per_device,
     state_bytes_per_param,
 )
@@ -71,6 +72,9 @@ def geometry(par: ParallelConfig, seq_len: int, batch: int) -> Geometry:
         return Geometry(n / d, n / d, n / d, 1, n, True, False, batch)
     if s == "tp_sp":
         t, sig = par.tp_degree, par.sp_degree
+        if megatron_sp(par):  # the residual stream is rank (σ, t)'s piece; attention / MLP gather shard σ
+            loss = n / sig if par.vocab_degree > 1 else n / (sig * t)
+            return Geometry(n / (sig * t), n / sig, loss, t, n if sig > 1 else 0, True, True, batch)
         return Geometry(n / sig, n / sig, n / sig, t, n if sig > 1 else 0, True, False, batch)
     if s == "tsp":
         return Geometry(n / d, n / d, n / d, 1, n, True, False, batch)
@@ -230,8 +234,7 @@ def grad_sync_bucket_elems(model: ModelConfig, par: ParallelConfig) -> float:
     buckets do not fill exactly."""
     from tspbench.schemes.base import GRAD_BUCKET_ELEMS
 
-    n_group, _ = grad_sync_group(model, par)
-    n = min(n_group, GRAD_BUCKET_ELEMS)
+    n = min(max((n for n, _ in grad_sync_groups(model, par)), default=0.0), GRAD_BUCKET_ELEMS)
     if par.dp > 1:
         n = max(n, min(params_per_device(model, par), GRAD_BUCKET_ELEMS))
     return n

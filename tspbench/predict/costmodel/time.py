@@ -17,7 +17,7 @@ Overlap "none" adds compute and communication; "ideal" takes their maximum.
 from __future__ import annotations
 
 from tspbench.config import ModelConfig, ParallelConfig
-from tspbench.predict.costmodel.comm import grad_sync_group
+from tspbench.predict.costmodel.comm import grad_sync_groups
 from tspbench.predict.costmodel.flops import flops_per_token
 from tspbench.predict.costmodel.hardware import HardwareProfile, load_hardware  # noqa: F401 (re-exported)
 from tspbench.predict.costmodel.memory import kv_cache_bytes
@@ -25,6 +25,7 @@ from tspbench.predict.costmodel.params import (
     BYTES,
     layer_weight_params,
     layout,
+    megatron_sp,
     params_per_device,
     state_bytes_per_param,
 )
@@ -86,10 +87,12 @@ def layer_collectives(
         bwd += fwd
     elif s in ("sp", "tp_sp"):
         kv = ("allgather", sig, 2 * n * h / (g * t), t * sig, 1)  # K and V packed
-        if t > 1:
-            fwd += [("allreduce", t, n / sig * h, t, 2)]
-        fwd += [kv]
-        bwd += [c for c in fwd if c[0] == "allreduce"] + [("reduce_scatter",) + kv[1:]]
+        if megatron_sp(par):  # Megatron-SP on T: all-gather in, reduce-scatter out (the duals backward)
+            tp_colls = [("allgather", t, n / sig * h, t, 2), ("reduce_scatter", t, n / sig * h, t, 2)]
+        else:
+            tp_colls = [("allreduce", t, n / sig * h, t, 2)] if t > 1 else []
+        fwd += tp_colls + [kv]
+        bwd += tp_colls + [("reduce_scatter",) + kv[1:]]
         bwd += [kv] if regather_kv else []
     elif s == "tsp":
         d = par.degree
@@ -133,7 +136,7 @@ def edge_collectives(
         fwd = [("p2p", 2, shard, t, 2 * (t - 1))]
         bwd = [("p2p", 2, shard, t, 3 * (t - 1))]
         return fwd if mode == "forward" else fwd + bwd
-    if par.scheme == "tp_msp":
+    if par.scheme == "tp_msp" or megatron_sp(par):
         fwd = [("reduce_scatter", t, n * h, t, 1), ("allgather", t, n * h, t, 1), ("allreduce", t, n, t, 3)]
         bwd = [("allgather", t, n * h, t, 1), ("reduce_scatter", t, n * h, t, 1)]
     else:
@@ -193,8 +196,8 @@ def step_time(
     if layers is None:
         comm_s += _collectives_time_s(edge_collectives(model, par, seq_len, batch, mode=mode), hw, b)
     if mode == "train":
-        n_sync, p = grad_sync_group(model, par, layers)  # the Σ axis of tp_sp spans the whole replica
-        comm_s += _collectives_time_s([("allreduce", p, n_sync, par.degree, 1)], hw, b)
+        groups = grad_sync_groups(model, par, layers)  # the Σ axis of tp_sp spans the whole replica
+        comm_s += _collectives_time_s([("allreduce", p, n_sync, par.degree, 1) for n_sync, p in groups], hw, b)
     step_s = compute_s + comm_s if overlap == "none" else max(compute_s, comm_s)
     return {
         "compute_s": compute_s,
