@@ -189,8 +189,9 @@ def decode_cases_for_world(world: int) -> list[tuple[VerifyConfig, str | None]]:
                 out.append((dec(model, scheme, world, variant, tp), None))
     if world == 4:
         out += [(dec(GQA, "tsp", 2, dp=2), None), (dec(MHA, "single", 1, dp=4), None)]
-    if world == 4:  # the plain tp_sp ablation serves too
+    if world == 4:  # the plain tp_sp ablation serves too, and Megatron-SP with a replicated vocabulary
         out += [(replace(_vc(MHA, "tp_sp", 4, tp=2, msp=False), decode_steps=steps), None)]
+        out += [(replace(_vc(GQA, "tp_sp", 4, tp=2), vocab="replicated", decode_steps=steps), None)]
     if world == 8:
         out += [(replace(dec(GQA8, "tsp", 8), decode_steps=8), None)]
     if world == 2:  # non-vacuity: the same comparison must fail

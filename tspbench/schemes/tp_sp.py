@@ -141,4 +141,6 @@ def apply(cfg: ModelConfig, par: ParallelConfig, args: ApplyArgs) -> ParallelMod
     if vocab is not None:  # inputs, targets and loss on shard σ; the embedding scatters, the head gathers
         return ParallelModel(module, par, check_shards(module, shards), args, layout=layout, seq=sp, vocab=vocab)
     piece = SplitLayout(layout.seq_len, layout.degree, layout.rank, True, args.device, parts=msp.size, part=msp.rank)
-    return ParallelModel(module, par, check_shards(module, shards), args, layout=piece, seq=flat)
+    pm = ParallelModel(module, par, check_shards(module, shards), args, layout=piece, seq=flat)
+    pm.kv_seq = sp  # the attention caches shard σ's tokens (its heads), not the piece's
+    return pm
