@@ -17,7 +17,7 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "parity_cases(*cids): parity cases a test reads besides its `cid` parameter")
 
 
-SLOW_WORLDS = (3, 8)
+SLOW_WORLDS = (3, 6, 8)
 """Parity cases of these world sizes are `slow` (left out of the quick loop `pytest -m "not slow"`)."""
 
 

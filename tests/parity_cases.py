@@ -1,6 +1,7 @@
 """The parity matrix: every scheme × D ∈ {2, 3, 4} × {MHA, GQA} × recompute {none, selective, full} in
-float64, D = 8 for tsp, sp and fsdp_sp, data-parallel replicas (dp = 2, with small gradient buckets so every bucketing
-path runs), the K/V-exchange variants, the embedding / head options, and deliberately broken variants.
+float64, D = 8 for tsp, sp, fsdp_sp and tp_sp (T2Σ4, T4Σ2), D = 6 for tp_sp (T2Σ3, T3Σ2), tp_sp with Megatron-SP
+on T (the default) and without (`-plain`, the ablation), data-parallel replicas (dp = 2, with small gradient buckets
+so every bucketing path runs), the K/V-exchange variants, the embedding / head options, and broken variants.
 
 Cases are grouped by world size so each group runs in ONE spawned rank group (spawning is the slow part
 on a 2-core machine).
@@ -74,7 +75,7 @@ def case_id(vc: VerifyConfig, breakage: str | None) -> str:
     if vc.scheme in ("sp", "tp_sp", "fsdp_sp"):
         s += f"-{vc.sp_variant}"
     if vc.scheme == "tp_sp":
-        s += f"-T{vc.tp}"
+        s += f"-T{vc.tp}" + ("" if vc.msp else "-plain")
     if vc.vocab != "auto":
         s += f"-vocab_{vc.vocab}"
     if vc.grad_bucket_elems:
@@ -84,7 +85,7 @@ def case_id(vc: VerifyConfig, breakage: str | None) -> str:
     return s + (f"-BROKEN_{breakage}" if breakage else "")
 
 
-def _vc(model, scheme, degree, variant="allgather", tp=0, dp=1, recompute="none") -> VerifyConfig:
+def _vc(model, scheme, degree, variant="allgather", tp=0, dp=1, recompute="none", msp=True) -> VerifyConfig:
     return VerifyConfig(
         model=model,
         scheme=scheme,
@@ -92,6 +93,7 @@ def _vc(model, scheme, degree, variant="allgather", tp=0, dp=1, recompute="none"
         tp=tp,
         dp=dp,
         sp_variant=variant,
+        msp=msp,
         recompute=recompute,
         seq_len=36 if model.n_heads % 3 == 0 else 32,
         batch=2,
@@ -121,6 +123,33 @@ def cases_for_world(world: int) -> list[tuple[VerifyConfig, str | None]]:
         for scheme in ("tsp", "sp", "fsdp_sp"):
             for model in (MHA, GQA8):
                 out.append((_vc(model, scheme, 8), None))
+        # tp_sp with Megatron-SP on T at both factorisations of 8; the plain ablation once
+        for tp, model_rc in (
+            (2, [(MHA, rc) for rc in RECOMPUTE] + [(GQA8, "none")]),
+            (4, [(GQA8, rc) for rc in RECOMPUTE] + [(MHA, "none")]),
+        ):
+            for model, rc in model_rc:
+                out.append((_vc(model, "tp_sp", 8, tp=tp, recompute=rc), None))
+        out.append((_vc(GQA8, "tp_sp", 8, tp=2, msp=False), None))
+        # data parallel over a T2Σ2 group (the gradient sync over dp × sp and dp × sp × tp)
+        out.append((_vc(GQA, "tp_sp", 4, tp=2, dp=2, recompute="selective"), None))
+        out.append((replace(_vc(MHA, "tp_sp", 4, tp=2, dp=2), grad_bucket_elems=SMALL_BUCKET), None))
+    if world == 6:  # tp_sp at D = 6 (heads, KV heads, vocabulary divisible by 2 and 3; S = 36)
+        out += [
+            (_vc(MHA3, "tp_sp", 6, tp=2), None),
+            (_vc(MHA3, "tp_sp", 6, tp=2, recompute="full"), None),
+            (_vc(MHA3, "tp_sp", 6, tp=3), None),
+            (_vc(GQA3, "tp_sp", 6, tp=3, recompute="selective"), None),
+            (_vc(GQA3, "tp_sp", 6, tp=3, variant="ring"), None),
+        ]
+    if world == 4:  # the plain TP × SP ablation (msp=false)
+        out += [
+            (_vc(MHA, "tp_sp", 4, tp=2, msp=False), None),
+            (_vc(GQA, "tp_sp", 4, tp=2, recompute="selective", msp=False), None),
+            (_vc(MHA, "tp_sp", 4, "ring", tp=2, recompute="full", msp=False), None),
+            (replace(_vc(MHA, "tp_sp", 4, tp=2, msp=False), vocab="replicated"), None),
+            (replace(_vc(GQA, "tp_sp", 4, tp=2, recompute="full"), vocab="replicated"), None),
+        ]
     if world in (2, 4):  # the embedding / head options: TSP's vocabulary ring, the TP family replicated
         for model in (MHA, GQA):
             for rc in ("none", "full"):
@@ -157,7 +186,9 @@ def cases_for_world(world: int) -> list[tuple[VerifyConfig, str | None]]:
         out += [
             (_vc(MHA, "tsp", 4), "skipped_ring_hop"),
             (_vc(MHA, "tp_sp", 4, tp=2), "wrong_zigzag_order"),
-            (_vc(MHA, "tp_sp", 4, tp=2), "head_input_grad_not_reduced"),
+            (_vc(MHA, "tp_sp", 4, tp=2, msp=False), "head_input_grad_not_reduced"),
+            (_vc(MHA, "tp_sp", 4, tp=2), "msp_without_reduce_scatter"),
+            (_vc(GQA, "tp_sp", 4, tp=2, recompute="full"), "msp_without_reduce_scatter"),
             # replicated KV heads whose gradients are summed over the wrong ranks
             (_vc(KV2, "tsp", 4), "kv_head_wrong_group"),
             (_vc(KV2, "tp", 4), "kv_head_wrong_group"),
@@ -181,6 +212,9 @@ def decode_cases_for_world(world: int) -> list[tuple[VerifyConfig, str | None]]:
     if world == 4:
         out += [(dec(GQA, "tsp", 2, dp=2), None), (dec(MHA, "single", 1, dp=4), None)]
         out += [(dec(KV2, "tsp", 4), None), (dec(KV2, "tp", 4), None)]  # KV heads replicated over 2 ranks
+    if world == 4:  # the plain tp_sp ablation serves too, and Megatron-SP with a replicated vocabulary
+        out += [(replace(_vc(MHA, "tp_sp", 4, tp=2, msp=False), decode_steps=steps), None)]
+        out += [(replace(_vc(GQA, "tp_sp", 4, tp=2), vocab="replicated", decode_steps=steps), None)]
     if world == 8:
         out += [(replace(dec(GQA8, "tsp", 8), decode_steps=8), None)]
     if world == 2:  # non-vacuity: the same comparison must fail
@@ -197,6 +231,6 @@ def all_cases_for_world(world: int) -> list[tuple[VerifyConfig, str | None]]:
     return cases_for_world(world) + decode_cases_for_world(world)
 
 
-WORLDS = (2, 3, 4, 8)
+WORLDS = (2, 3, 4, 6, 8)
 ALL = {case_id(vc, b): (w, vc, b) for w in WORLDS for vc, b in cases_for_world(w)}
 DECODE = {case_id(vc, b): (w, vc, b) for w in WORLDS for vc, b in decode_cases_for_world(w)}

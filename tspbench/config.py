@@ -83,6 +83,11 @@ class ParallelConfig:
     recompute: str = "none"
     """Activation recompute: none; selective (Megatron's core-attention recompute: the attention kernel is re-run
     in backward from the saved q, k, v); or full (each block recomputed in backward)."""
+    msp: bool = True
+    """tp_sp only: Megatron sequence parallelism on the tensor axis (true, default, as Megatron runs TP + CP with
+    --sequence-parallel): norms, residuals and checkpointed block inputs hold 1/(T·Σ) of the tokens, all-gathered
+    over T into attention / MLP and reduce-scattered out. false: the plain TP × SP ablation (f/g all-reduces on
+    the S/Σ local tokens, which are replicated T times; docs/method.md#choice-tp-sp-msp)."""
     vocab: str = "auto"
     """Embedding and LM head: auto (split by vocabulary over the tensor axis in tp, tp_msp and tp_sp, as in
     Megatron; replicated in sp and tsp), replicated (whole on every rank, every scheme), or ring (tsp only:
@@ -172,6 +177,10 @@ def validate_parallel(
         p.vocab != "ring" or p.scheme == "tsp",
         f"vocab=ring is a TSP option (scheme=tsp); scheme={p.scheme} allows vocab=auto|replicated",
     )
+    _need(
+        p.msp or p.scheme == "tp_sp",
+        f"msp=false is a tp_sp option (the plain TP × SP ablation); scheme={p.scheme} allows msp=true only",
+    )
     _need(p.degree >= 1, f"degree={p.degree} must be ≥ 1")
     _need(p.dp >= 1, f"dp={p.dp} must be ≥ 1")
     _need(p.kv_bucket_heads >= 0, f"kv_bucket_heads={p.kv_bucket_heads} must be ≥ 0 (0: one all-gather per owner)")
@@ -235,6 +244,13 @@ def validate_parallel(
             m.dim % n == 0,
             f"model.dim={m.dim} must be divisible by dp × degree = {n} (scheme=fsdp_sp shards every weight's rows "
             f"over dp × degree); allowed dp × degree: {_divisors(m.dim)}",
+        )
+    if p.scheme == "tp_sp" and p.msp and t > 1 and s >= 1 and p.degree % t == 0:
+        step = s * t * (2 if s > 1 else 1)  # the zigzag shard (S/Σ tokens) splits into T equal pieces
+        _need(
+            seq_len % s == 0 and (seq_len // s) % t == 0,
+            f"seq_len={seq_len} must be divisible by Σ·T = {s * t} (scheme=tp_sp msp=true splits each token shard "
+            f"over the tensor axis); e.g. seq_len={step * max(1, seq_len // step)}, or msp=false",
         )
     if p.scheme == "tp_msp":
         _need(seq_len % t == 0, f"seq_len={seq_len} must be divisible by degree={t} for scheme=tp_msp")

@@ -191,6 +191,25 @@ def test_costmodel_matches_estimate_kv_replicated(scheme, degree, tp, recompute,
     assert not _near_tie_mismatch(cfg, par, model, est["mem_bytes"]), _within(model, est["mem_bytes"])
 
 
+@pytest.mark.parametrize(
+    "tp,recompute,vocab,msp",
+    [
+        (2, "none", "replicated", True),
+        (2, "full", "replicated", True),
+        (4, "none", "auto", True),
+        (2, "none", "auto", False),
+        (2, "full", "auto", False),
+        (2, "selective", "auto", False),
+    ],
+)
+def test_costmodel_matches_estimate_tp_sp(tp, recompute, vocab, msp):
+    """tp_sp with Megatron-SP on T (default; the replicated-vocabulary piece layout, Σ = 1) and the plain ablation."""
+    par = ParallelConfig(scheme="tp_sp", degree=4, tp=tp, recompute=recompute, vocab=vocab, msp=msp)
+    est = estimate(GQA, par, 2048, 1, dtype="bfloat16")
+    model = memory_breakdown(GQA, par, 2048, 1, dtype="bfloat16")
+    assert not _near_tie_mismatch(GQA, par, model, est["mem_bytes"]), _within(model, est["mem_bytes"])
+
+
 def _near_tie_mismatch(cfg, par, model: dict, est: dict, tol: float = 0.05) -> list[str]:
     """The breakdown check, where the peak can fall at either of two moments whose totals are within tol of each
     other (e.g. tp_msp, full recompute, replicated vocabulary: the LM-head backward and the last layer's backward

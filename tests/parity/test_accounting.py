@@ -125,6 +125,26 @@ def test_collective_pattern(parity_results, cid):
         assert bwd.count("send_recv") == 2 * (D - 1)  # weight ring + gradient ring
 
 
+@pytest.mark.parametrize(
+    "cid",
+    [
+        c
+        for c in CASES
+        if ALL[c][1].scheme == "tp_sp" and ALL[c][1].recompute == "none" and 1 < ALL[c][1].tp < ALL[c][1].degree
+    ],
+)
+def test_tp_sp_tensor_axis_pattern(parity_results, cid):
+    """Megatron-SP on T (default): forward, per layer, 2 reduce-scatters over T (beside the all-gathers, which the
+    K/V exchange over Σ also issues) and no all-reduce; the plain ablation: 2 all-reduces over T, no reduce-scatter."""
+    world, vc, _ = ALL[cid]
+    fwd = [o[0] for o in parity_results(world)[cid]["comm_ops_layer0"] if o[1] == "fwd"]
+    if vc.msp:
+        assert fwd.count("reduce_scatter") == 2 and "all_reduce" not in fwd
+        assert fwd.count("all_gather") == 2 + (vc.sp_variant == "allgather")
+    else:
+        assert fwd.count("all_reduce") == 2 and "reduce_scatter" not in fwd
+
+
 EDGE_CASES = [
     k for k, (w, vc, b) in ALL.items() if b is None and vc.scheme != "single" and vc.dp == 1 and vc.recompute == "none"
 ]

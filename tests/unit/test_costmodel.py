@@ -128,15 +128,16 @@ def test_tp_sp_degenerates_to_tp_and_sp():
             a = comm_per_layer(LLAMA7B, ParallelConfig(scheme="tp_sp", degree=8, tp=8), seq, 1, mode=mode)
             b = comm_per_layer(LLAMA7B, ParallelConfig(scheme="tp", degree=8), seq, 1, mode=mode)
             assert a["fwd_total"] + a["bwd_total"] == pytest.approx(b["fwd_total"] + b["bwd_total"])
-        for pair in (
-            (ParallelConfig(scheme="tp_sp", degree=8, tp=8), ParallelConfig(scheme="tp", degree=8)),
+        for pair in (  # Σ = 1: Megatron-SP on T is tp_msp, the plain form tp; T = 1: sp either way
+            (ParallelConfig(scheme="tp_sp", degree=8, tp=8), ParallelConfig(scheme="tp_msp", degree=8)),
+            (ParallelConfig(scheme="tp_sp", degree=8, tp=8, msp=False), ParallelConfig(scheme="tp", degree=8)),
             (ParallelConfig(scheme="tp_sp", degree=8, tp=1), ParallelConfig(scheme="sp", degree=8)),
         ):
             ma, mb = (memory_breakdown(LLAMA7B, replace(p, recompute="full"), seq, 1) for p in pair)
             # Same state exactly; the working set may differ by one copy: tp_sp with Σ = 1 still attends
             # through attend_shard (two zigzag chunks + cat), whose flattened output W_O saves (Geometry.chunked).
             assert {k: ma[k] for k in ("params", "optimizer")} == {k: mb[k] for k in ("params", "optimizer")}
-            assert ma["total"] == pytest.approx(mb["total"], rel=5e-3)
+            assert ma["total"] == pytest.approx(mb["total"], rel=1e-2)
 
 
 # ---------------------------------------------------------------------------------------------- crossover
@@ -350,9 +351,13 @@ def test_paper_tables():
     from tspbench.paper.tables import crossover_table, paper_memory_table, plausibility_173m
 
     mem = paper_memory_table()
-    assert len(mem) == 12 and mem.claim.notna().sum() == 6
+    assert len(mem) == 18 and mem.claim.notna().sum() == 6  # 9 layouts (3 of them ablations) × 16K, 128K
     assigned = mem.set_index("claim_id").layout
     assert assigned["mem_128k_tpsp_a"] == "TP×SP T=2×Σ=4" and assigned["mem_128k_tpsp_b"] == "TP×SP T=1×Σ=8"
+    # Megatron-SP on T (tp_sp's default) stores the block inputs 1/(T·Σ): T=4×Σ=2 at 128K drops from 58.4 to 41.5 GB
+    gb = mem[mem.seq_len == 131072].set_index("layout").predicted
+    assert gb["TP×SP T=4×Σ=2"] == pytest.approx(41.5, abs=0.05)
+    assert gb["TP×SP T=4×Σ=2 plain"] == pytest.approx(58.4, abs=0.05)
     assert (mem[~mem.within_10pct & mem.claim.notna()].note.str.len() > 0).all()  # every miss is explained
     # with the vocabulary-parallel LM head and cross-entropy, TP at 128K lands on the published 70 GB
     assert mem.set_index("claim_id").within_10pct[["mem_128k_tp", "mem_128k_tpsp_a", "mem_128k_tpsp_b"]].all()

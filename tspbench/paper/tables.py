@@ -18,7 +18,9 @@ scheme here. Recompute "none" is ruled out by the data (TSP at 128K would need ~
 38.8 and 70.0). Among the four full-recompute variants (k = 16/18 × GB/GiB) the mean |deviation| is 16–20%,
 which does not discriminate between them, so we keep the a-priori choice: k = 16 (docs/method.md#memory; bf16
 grads) and GB, the unit the claims are quoted in. Under it TP at 128K is within 2% of 70.0 GB, the 85.0 GB
-figure is closest to TP×SP T=2×Σ=4 and 140.0 GB to pure SP (T=1×Σ=8), as docs/method.md#memory guessed. The three
+figure is closest to TP×SP T=2×Σ=4 (with Megatron-SP on T, tp_sp's default: 76.7 GB, −9.7%; the plain ablation
+77.8 GB, −8.5%) and 140.0 GB to pure SP (T=1×Σ=8: 148.0 GB, +5.7%), as docs/method.md#memory guessed; TP +
+Megatron-SP over all 8 (26.7 GB) and T=4×Σ=2 (41.5 GB; plain 58.4) are far from both. The three
 other cells (TSP at 16K and 128K, TP at 16K) are all ~9 GB low, a near-constant gap whatever the scheme and
 length (TSP's 16K→128K growth matches), which no honest setting removes (see `_explain`).
 """
@@ -71,21 +73,32 @@ class MemorySetting:
 PAPER_MEMORY_SETTING = MemorySetting()
 
 
-def layouts(degree: int = DEGREE) -> list[tuple[str, ParallelConfig]]:
-    """TSP (D), TP (T), and every TP×SP factorisation T·Σ = degree (T = 1 is pure SP, T = degree is TP)."""
+PLAIN = " plain"
+"""Label suffix of the tp_sp ablation without Megatron-SP on T (msp=false)."""
+
+
+def layouts(degree: int = DEGREE, ablations: bool = False) -> list[tuple[str, ParallelConfig]]:
+    """TSP (D), TP (T), and every TP×SP factorisation T·Σ = degree (T = 1 is pure SP, T = degree is TP), TP×SP
+    with Megatron-SP on its tensor axis (the default, docs/method.md#choice-tp-sp-msp). `ablations`: also TP +
+    Megatron-SP over all D (tp_msp) and the plain TP×SP (msp=false) for every 1 < T < degree."""
     out = [
         (f"TSP D={degree}", ParallelConfig(scheme="tsp", degree=degree)),
         (f"TP T={degree}", ParallelConfig(scheme="tp", degree=degree)),
     ]
     for t in (t for t in range(1, degree + 1) if degree % t == 0):
         out.append((f"TP×SP T={t}×Σ={degree // t}", ParallelConfig(scheme="tp_sp", degree=degree, tp=t)))
+    if ablations:
+        out.append((f"TP+MSP T={degree}", ParallelConfig(scheme="tp_msp", degree=degree)))
+        for t in (t for t in range(2, degree) if degree % t == 0):
+            name = f"TP×SP T={t}×Σ={degree // t}{PLAIN}"
+            out.append((name, ParallelConfig(scheme="tp_sp", degree=degree, tp=t, msp=False)))
     return out
 
 
 def _memory_rows(setting: MemorySetting, hw_name: str = "mi300x") -> pd.DataFrame:
     unit, hw = UNIT_BYTES[setting.unit], load_hardware(hw_name)
     rows = []
-    for seq_len, (name, par) in itertools.product((SEQ_16K, SEQ_128K), layouts()):
+    for seq_len, (name, par) in itertools.product((SEQ_16K, SEQ_128K), layouts(ablations=True)):
         par = replace(par, recompute=setting.recompute)
         mem = memory_breakdown(
             LLAMA7B,
@@ -99,6 +112,7 @@ def _memory_rows(setting: MemorySetting, hw_name: str = "mi300x") -> pd.DataFram
             grad_dtype=setting.grad_dtype,
         )
         row = {"seq_len": seq_len, "layout": name, "scheme": par.scheme, "tp": par.tp_degree, "sp": par.sp_degree}
+        row["msp"] = par.scheme == "tp_msp" or (par.scheme == "tp_sp" and par.msp and par.tp_degree > 1)
         row.update({f"{k}_{setting.unit.lower()}": v / unit for k, v in mem.items() if k != "total"})
         row["predicted"] = mem["total"] / unit
         row["fits_device"] = mem["total"] <= hw.mem_bytes
@@ -115,11 +129,14 @@ def _attach_claims(df: pd.DataFrame) -> pd.DataFrame:
             continue
         mask = (df.seq_len == c["seq_len"]) & (df.layout.str.startswith("TSP" if c["scheme"] == "tsp" else "TP T="))
         df.loc[mask, ["claim_id", "claim"]] = [c["id"], c["value"]]
-    # docs/method.md#choice-tpsp-layouts: the layouts behind 85.0 and 140.0 GB are unknown. Candidates: T·Σ = 8 with
-    # Σ > 1. Assign the two claims to distinct layouts minimising the summed |relative deviation| (a
-    # nearest-prediction match).
+    # docs/method.md#choice-tpsp-layouts: the layouts behind 85.0 and 140.0 GB are unknown. Candidates: the layouts
+    # users run, T·Σ = 8 with Σ > 1 and Megatron-SP on T (Megatron's TP + CP with --sequence-parallel), and TP +
+    # Megatron-SP over all 8 (the other reading of "TP+SP"). Assign the two claims to distinct layouts minimising
+    # the summed |relative deviation| (a nearest-prediction match); the plain TP×SP ablation rows are shown
+    # beside them, not matched.
     open_claims = [c for c in claims if c["tp"] is None and c["scheme"] == "tp_sp"]
-    cand = df[(df.seq_len == SEQ_128K) & (df.scheme == "tp_sp") & (df.sp > 1)]
+    is_plain = df.layout.str.endswith(PLAIN)
+    cand = df[(df.seq_len == SEQ_128K) & ~is_plain & (((df.scheme == "tp_sp") & (df.sp > 1)) | (df.scheme == "tp_msp"))]
     best = min(
         itertools.permutations(cand.index, len(open_claims)),
         key=lambda idx: sum(abs(df.predicted[i] / c["value"] - 1) for i, c in zip(idx, open_claims)),
@@ -130,6 +147,13 @@ def _attach_claims(df: pd.DataFrame) -> pd.DataFrame:
             "layout not published (docs/method.md#choice-tpsp-layouts); assigned to the closest predicted "
             "T·Σ = 8 layout. "
         )
+        plain = df.layout == f"{df.layout[i]}{PLAIN}"
+        if plain.any():  # the same layout without Megatron-SP on T, against the same claim
+            j = df.index[plain & (df.seq_len == SEQ_128K)][0]
+            df.loc[j, "note"] = (
+                f"Without Megatron-SP on T: {100 * (df.predicted[j] / c['value'] - 1):+.1f}% of {c['id']} "
+                f"({c['value']:.1f} GB), vs {100 * (df.predicted[i] / c['value'] - 1):+.1f}% with it. "
+            )
     df["deviation_pct"] = 100 * (df.predicted / df.claim - 1)
     df["within_10pct"] = df.deviation_pct.abs() <= 10
     return df
@@ -168,6 +192,7 @@ def _explain(row: pd.Series, df: pd.DataFrame) -> str:
         degree=DEGREE,
         tp=int(row.tp) if row.scheme == "tp_sp" else 0,
         recompute=PAPER_MEMORY_SETTING.recompute,
+        msp=not str(row.layout).endswith(PLAIN),
     )
     if (
         row.scheme == "tp_sp"
@@ -187,12 +212,13 @@ def paper_memory_table(setting: MemorySetting = PAPER_MEMORY_SETTING, hw: str = 
     """Predicted peak memory per device (llama7b, one node of 8 MI300X) beside every memory claim
     (docs/method.md#published).
 
-    Rows: 16K and 128K × (TSP D=8, TP T=8, TP×SP T×Σ = 1×8 (pure SP), 2×4, 4×2, 8×1). Columns: the
+    Rows: 16K and 128K × (TSP D=8, TP T=8, TP×SP T×Σ = 1×8 (pure SP), 2×4, 4×2, 8×1 with Megatron-SP on T, TP +
+    Megatron-SP T=8, and the plain TP×SP ablation 2×4, 4×2). Columns: the
     breakdown in the setting's unit, `predicted`, `claim`, `deviation_pct`, `within_10pct`, `note`.
     """
     df = _attach_claims(_memory_rows(setting, hw))
     df["note"] = df.note + df.apply(lambda r: _explain(r, df), axis=1)
-    df.loc[(df.scheme == "tp_sp") & (df.tp == DEGREE), "note"] += f"Identical to TP T={DEGREE} (Σ = 1). "
+    df.loc[(df.scheme == "tp_sp") & (df.tp == DEGREE), "note"] += f"Σ = 1: TP + Megatron-SP, as TP+MSP T={DEGREE}. "
     df.loc[(df.scheme == "tp_sp") & (df.tp == 1), "note"] += f"Pure SP (token sharding / CP, Σ = {DEGREE}). "
     df.attrs["setting"] = asdict(setting)
     return df

@@ -396,6 +396,7 @@ def estimate(
         "reason": reason,
         "scheme": par.scheme,
         "sp_variant": par.sp_variant if par.scheme in ("sp", "tp_sp", "fsdp_sp") else None,
+        "msp": par.msp if par.scheme == "tp_sp" else None,
         "degree": par.degree,
         "tp_degree": par.tp_degree,
         "sp_degree": par.sp_degree,

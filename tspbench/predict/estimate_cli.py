@@ -57,6 +57,7 @@ class EstimateConfig(ParallelConfig):
             tp=self.tp,
             dp=self.dp,
             sp_variant=self.sp_variant,
+            msp=self.msp,
             recompute=self.recompute,
             vocab=self.vocab,
         )

@@ -31,6 +31,7 @@ def base_record(spec: RunSpec, status: str, reason: str | None = None) -> dict[s
         "reason": reason,
         "scheme": spec.scheme,
         "sp_variant": spec.sp_variant if spec.scheme in ("sp", "tp_sp", "fsdp_sp") else None,
+        "msp": spec.msp if spec.scheme == "tp_sp" else None,
         "degree": spec.degree,
         "tp_degree": tp_degree,
         "sp_degree": sp_degree,

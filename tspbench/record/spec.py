@@ -49,6 +49,8 @@ class RunSpec:
     results_file: str = ""
     status_dir: str = ""
     vocab: str = "auto"
+    msp: bool = True
+    """tp_sp: Megatron-SP on the tensor axis (ParallelConfig.msp); false is the plain ablation."""
     state_file: str = ""
     """If set, rank 0 saves the trained parameters (full shape) there after the run (tests compare them with
     the single-device model); not part of the workload, so not of the run_id."""
@@ -86,6 +88,7 @@ class RunSpec:
             tp=self.tp,
             dp=self.dp,
             sp_variant=self.sp_variant,
+            msp=self.msp,
             recompute=self.recompute,
             vocab=self.vocab,
         )
@@ -104,6 +107,7 @@ class RunSpec:
     def label(self) -> str:
         extra = f" T={self.parallel().tp_degree}" if self.scheme == "tp_sp" else ""
         extra += f" {self.sp_variant}" if self.scheme in ("sp", "tp_sp", "fsdp_sp") else ""
+        extra += " plain" if self.scheme == "tp_sp" and not self.msp else ""
         extra += f" vocab={self.vocab}" if self.vocab != "auto" else ""
         return f"{self.scheme} d{self.degree}{extra} S={self.seq_len} B={self.batch} {self.mode}"
 
@@ -121,5 +125,7 @@ def make_run_id(spec: RunSpec) -> str:
     ident = {k: getattr(spec, k) for k in RunSpec.IDENTITY}
     if spec.vocab != "auto":  # the default keeps the run ids of records written before the option
         ident["vocab"] = spec.vocab
+    if spec.scheme == "tp_sp":  # Megatron-SP on T became the default: never share an id with a plain run
+        ident["msp"] = spec.msp
     digest = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:10]
     return f"{spec.scheme}-d{spec.degree}-s{spec.seq_len}-b{spec.batch}-{spec.mode}-{digest}"

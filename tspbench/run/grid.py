@@ -65,6 +65,9 @@ class SchemeOptions:
     tps: list[int] = field(default_factory=lambda: [0])
     """tp_sp: tensor degrees T to run (0 = the largest T ≤ √degree); values that are not proper divisors
     of the degree (1 < T < degree) are skipped, and if none is left T is auto. Ignored elsewhere."""
+    msps: list[bool] = field(default_factory=lambda: [True])
+    """tp_sp: Megatron-SP on the tensor axis (true, the default) and/or the plain TP × SP ablation (false), e.g.
+    `scheme_opts.tp_sp.msps=[true,false]`; ignored by the other schemes (ParallelConfig.msp)."""
     label: str = ""
     """Display name for summaries and reports."""
 
@@ -216,7 +219,8 @@ def expand_grid(cfg: ExperimentConfig, results_file: str = "", status_dir: str =
             for degree in [1] if scheme == "single" else degrees:
                 tps = _tps_for(scheme, degree, opts)
                 for tp in tps:
-                    for variant, vocab in itertools.product(variants, opts.vocabs):
+                    msps = list(opts.msps) if scheme == "tp_sp" else [True]
+                    for variant, vocab, msp in itertools.product(variants, opts.vocabs, msps):
                         for batch in batches:
                             for mode in modes:
                                 spec = RunSpec(
@@ -226,6 +230,7 @@ def expand_grid(cfg: ExperimentConfig, results_file: str = "", status_dir: str =
                                     tp=tp,
                                     dp=cfg.dp,
                                     sp_variant=variant,
+                                    msp=msp,
                                     recompute=cfg.recompute,
                                     seq_len=seq_len,
                                     batch=batch,

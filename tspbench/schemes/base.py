@@ -116,11 +116,16 @@ class ParallelModel(nn.Module):
         return loss
 
     # ---- serving (schemes/ops/decode.py) ---------------------------------------------------------------
+    kv_seq: Comm | None = None
+    """The group the KV cache's tokens are sharded over, where it is not `seq` (tp_sp with Megatron-SP and a
+    replicated vocabulary: `seq` is sp × tp, the cache is sharded over sp)."""
+
     def start_kv_cache(self, new_tokens: int = 0) -> None:
         """Empty KV caches: the next forward (this scheme's token layout, no grad) is the prefill. Room for
         `new_tokens` decoded tokens is reserved with it (a rank of a token-sharded cache gets a 1/group share,
         rounded up)."""
-        seq = self.seq.size if self.seq is not None else 1
+        group = self.kv_seq if self.kv_seq is not None else self.seq
+        seq = group.size if group is not None else 1
         self.kv_caches = self.module.start_kv_cache(-(-new_tokens // seq))
         self._set_decoding(False)
 

@@ -35,7 +35,7 @@ from tspbench.schemes.ops.sharding import (
     meta_model,
     shard_block_weights,
 )
-from tspbench.schemes.ops.tensor_parallel import TPMLP, TPAttention
+from tspbench.schemes.ops.tensor_parallel import SeqParallelMLP, TPAttention
 from tspbench.schemes.ops.vocab import shard_vocab
 
 
@@ -54,20 +54,6 @@ class MSPAttention(TPAttention):
     # decode: TPAttention.decode (f and g on the replicated token; sequence parallelism off, as in Megatron)
 
 
-class MSPMLP(TPMLP):
-    def enter(self, x):
-        if self.decoding:  # one replicated token: plain TP
-            return super().enter(x)
-        assert self.comm is not None
-        return gather_from_sequence(x, self.comm, dim=1)
-
-    def exit(self, y):
-        if self.decoding:
-            return super().exit(y)
-        assert self.comm is not None
-        return reduce_scatter_to_sequence(y, self.comm, dim=1)
-
-
 def apply(cfg: ModelConfig, par: ParallelConfig, args: ApplyArgs) -> ParallelModel:
     comm = args.need("tp")
     module, shards = meta_model(cfg, par.recompute)
@@ -75,7 +61,9 @@ def apply(cfg: ModelConfig, par: ParallelConfig, args: ApplyArgs) -> ParallelMod
         block.attention = MSPAttention(
             shard_block_weights(block.attention, f"layers.{i}.attention", ATTN_SPLIT, comm, args, shards), comm, cfg
         )
-        block.mlp = MSPMLP(shard_block_weights(block.mlp, f"layers.{i}.mlp", MLP_SPLIT, comm, args, shards), comm)
+        block.mlp = SeqParallelMLP(
+            shard_block_weights(block.mlp, f"layers.{i}.mlp", MLP_SPLIT, comm, args, shards), comm
+        )
     if par.vocab_degree == 1:
         # vocab=replicated: embedding, norms and head on this rank's contiguous S/T tokens, their gradients
         # summed over the group; the loss shares sum over it.

@@ -179,6 +179,23 @@ def fsdp_no_reduce_scatter():
         yield
 
 
+@contextlib.contextmanager
+def msp_without_reduce_scatter():
+    """tp_sp with Megatron-SP on the T axis: the exits of attention and MLP keep their own piece of the
+    row-parallel partial sum instead of reduce-scattering (summing) it over the tensor group."""
+    from tspbench.schemes import tp_sp
+    from tspbench.schemes.ops import tensor_parallel
+
+    def keep_piece(y, comm, dim):
+        return y.chunk(comm.size, dim)[comm.rank].contiguous()
+
+    with (
+        mock.patch.object(tp_sp, "reduce_scatter_to_sequence", keep_piece),
+        mock.patch.object(tensor_parallel, "reduce_scatter_to_sequence", keep_piece),
+    ):
+        yield
+
+
 BREAKAGES = {
     "missing_allreduce": missing_allreduce,
     "wrong_zigzag_order": wrong_zigzag_order,
@@ -192,4 +209,5 @@ BREAKAGES = {
     "perturbed_replica_grad": perturbed_replica_grad,
     "kv_head_wrong_group": kv_head_wrong_group,
     "fsdp_no_reduce_scatter": fsdp_no_reduce_scatter,
+    "msp_without_reduce_scatter": msp_without_reduce_scatter,
 }

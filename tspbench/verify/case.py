@@ -62,6 +62,7 @@ class VerifyConfig(ParallelConfig):
             tp=self.tp,
             dp=self.dp,
             sp_variant=self.sp_variant,
+            msp=self.msp,
             recompute=self.recompute,
             vocab=self.vocab,
         )

@@ -43,8 +43,9 @@ def run_cases(cases: list[tuple[VerifyConfig, str | None]], world: int, device: 
 
 def format_result(r: dict) -> str:
     c = r["case"]
+    msp = f"msp={str(c.get('msp', True)).lower()} " if c["scheme"] == "tp_sp" else ""
     head = (
-        f"scheme={c['scheme']} degree={c['degree']} dp={c['dp']} tp={c['tp']} variant={c['sp_variant']} "
+        f"scheme={c['scheme']} degree={c['degree']} dp={c['dp']} tp={c['tp']} variant={c['sp_variant']} {msp}"
         f"recompute={c['recompute']} dtype={c['dtype']} S={c['seq_len']} B={c['batch']} "
         f"n_heads={c['model']['n_heads']} n_kv_heads={c['model']['n_kv_heads']}"
     )

@@ -16,6 +16,7 @@ from tspbench.predict.costmodel.params import (
     layer_weight_params,
     layer_weight_params_per_rank,
     layout,
+    megatron_sp,
     replicated_params,
 )
 
@@ -35,7 +36,8 @@ def comm_per_layer(
     Forward (bandwidth-optimal collectives, N = B·S):
         tp, tp_msp  activations 4·N·h·(T−1)/T          (2 all-reduces, or 2 all-gather + reduce-scatter pairs)
         sp          kv          2·N·(h/g)·(Σ−1)/Σ      (all-gather of K and V)
-        tp_sp       activations 4·(N/Σ)·h·(T−1)/T  +  kv 2·N·(h/(g·T))·(Σ−1)/Σ
+        tp_sp       activations 4·(N/Σ)·h·(T−1)/T  +  kv 2·N·(h/(g·T))·(Σ−1)/Σ   (Megatron-SP's all-gather +
+                    reduce-scatter pairs over T, or with msp=false 2 all-reduces: the same volume)
         tsp         weights     W·(D−1)/D              (attention broadcasts + MLP ring)
                     kv          2·N·(h/g)·(D−1)/D
         fsdp_sp     weights     (W + 2h)·(n−1)/n       (FSDP all-gather of the block unit over n = dp·Σ)
@@ -111,6 +113,7 @@ def comm_embed_head(
         fsdp_sp     FSDP units over n = dp·Σ: embed fwd all-gather V·h·(n−1)/n, bwd all-gather + reduce-scatter
                     2·V·h·(n−1)/n; head (final norm + LM head, kept gathered after forward, torchtitan's choice)
                     fwd (V·h + h)·(n−1)/n, bwd its reduce-scatter, the same
+        tp_sp (msp) the tp_msp terms on shard σ's n = N/Σ tokens (msp=false: the tp terms)
     """
     t, h = par.vocab_degree, model.dim
     zero = {"fwd": 0.0, "bwd": 0.0}
@@ -133,7 +136,7 @@ def comm_embed_head(
         }
         return out if mode == "train" else {k: {"fwd": v["fwd"], "bwd": 0.0} for k, v in out.items()}
     n = batch * seq_len / layout(par).sp
-    if par.scheme == "tp_msp":
+    if par.scheme == "tp_msp" or megatron_sp(par):
         out["embed"] = {"fwd": n * h * f, "bwd": n * h * f}
         out["head"] = {"fwd": n * h * f + 6 * n * f, "bwd": n * h * f}
     else:
@@ -180,29 +183,45 @@ def comm_decode_per_layer(model: ModelConfig, par: ParallelConfig, batch: int) -
     return 0.0
 
 
-def grad_sync_group(model: ModelConfig, par: ParallelConfig, layers: int | None = None) -> tuple[float, int]:
-    """(elements all-reduced, group size) of the per-step in-group gradient all-reduce (not DP).
+def grad_sync_groups(model: ModelConfig, par: ParallelConfig, layers: int | None = None) -> list[tuple[float, int]]:
+    """[(elements all-reduced, group size)] of the per-step in-group gradient all-reduces (not DP), one per group.
 
     Ranks that see different tokens produce different partial gradients of a weight they share (fsdp_sp: none
     here, FSDP reduce-scatters every gradient per unit, counted in comm_per_layer and comm_embed_head):
-    sp all-reduces every gradient over Σ; tp_sp the T-sharded weights, vocabulary slices and norms over Σ; tsp
-    the replicated norm/embedding/LM-head weights over D; tp_msp the norm weights over T (norms run on each
-    rank's S/T tokens; the vocabulary-parallel embedding and head see every token). tp and single need none.
-    A KV head replicated over T/n_kv ranks is summed in a group of its own (`kv_grad_sync_group`), not here.
+    sp all-reduces every gradient over Σ; tp_sp the T-sharded weights, vocabulary slices and norms over Σ (with
+    Megatron-SP the norms, and a replicated embedding / head, see rank (σ, t)'s own tokens: summed over the
+    T·Σ ranks in a second group); tsp the replicated norm/embedding/LM-head weights over D; tp_msp the norm
+    weights over T (norms run on each rank's S/T tokens; the vocabulary-parallel embedding and head see every
+    token). tp and single need none. A KV head replicated over T/n_kv ranks is summed in a group of its own
+    (`kv_grad_sync_group`), not here.
     """
     lay, s = layout(par), par.scheme
     n_layers = model.n_layers if layers is None else layers
+    if megatron_sp(par):
+        norms = (2 * n_layers + (1 if layers is None else 0)) * model.dim
+        edges = replicated_params(model, layers, par) - norms  # vocabulary slices (or the whole, replicated)
+        sharded = n_layers * (layer_weight_params_per_rank(model, par) - kv_grad_sync_group(model, par, 1)[0])
+        if par.vocab_degree > 1:
+            return [(sharded + edges, lay.sp), (norms, par.degree)]
+        return [(sharded, lay.sp), (norms + edges, par.degree)]
     if s in ("sp", "tp_sp"):
         block = layer_weight_params_per_rank(model, par) - kv_grad_sync_group(model, par, 1)[0]
-        return n_layers * block + replicated_params(model, layers, par), lay.sp
+        return [(n_layers * block + replicated_params(model, layers, par), lay.sp)]
     if s == "tsp":
-        return replicated_params(model, layers), par.degree
+        return [(replicated_params(model, layers), par.degree)]
     if s == "tp_msp":  # the norms run on each rank's own S/T tokens (a vocabulary-parallel embedding and
         # head see all of them; replicated ones see the rank's S/T tokens too)
         if par.vocab_degree == 1:
-            return replicated_params(model, layers, par), par.degree
-        return (2 * n_layers + (1 if layers is None else 0)) * model.dim, par.degree
-    return 0.0, 1
+            return [(replicated_params(model, layers, par), par.degree)]
+        return [((2 * n_layers + (1 if layers is None else 0)) * model.dim, par.degree)]
+    return []
+
+
+def grad_sync_group(model: ModelConfig, par: ParallelConfig, layers: int | None = None) -> tuple[float, int]:
+    """(elements all-reduced, group size) of the in-group gradient sync: the elements of every group together,
+    the largest group (`grad_sync_groups` has them one by one)."""
+    groups = grad_sync_groups(model, par, layers)
+    return (sum(n for n, _ in groups), max(p for _, p in groups)) if groups else (0.0, 1)
 
 
 def kv_grad_sync_group(model: ModelConfig, par: ParallelConfig, layers: int | None = None) -> tuple[float, int]:
@@ -218,11 +237,10 @@ def kv_grad_sync_group(model: ModelConfig, par: ParallelConfig, layers: int | No
 
 
 def grad_sync_elems(model: ModelConfig, par: ParallelConfig, layers: int | None = None) -> float:
-    """Per-step elements received per device by the in-group gradient ring all-reduces: 2·n·(p−1)/p each (the
-    token group's and the replicated KV heads')."""
-    return sum(
-        2 * n * (p - 1) / p for n, p in (grad_sync_group(model, par, layers), kv_grad_sync_group(model, par, layers))
-    )
+    """Per-step elements received per device by the in-group gradient ring all-reduces: Σ 2·n·(p−1)/p over the
+    token groups and the replicated KV heads' group."""
+    groups = [*grad_sync_groups(model, par, layers), kv_grad_sync_group(model, par, layers)]
+    return sum(2 * n * (p - 1) / p for n, p in groups if p > 1)
 
 
 def crossover_tokens(model: ModelConfig, degree: int, mode: str = "forward") -> int:

@@ -22,13 +22,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tspbench.config import ModelConfig, ParallelConfig
-from tspbench.predict.costmodel.comm import grad_sync_group, kv_grad_sync_group
+from tspbench.predict.costmodel.comm import grad_sync_groups, kv_grad_sync_group
 from tspbench.predict.costmodel.params import (
     BYTES,
     kv_heads_per_rank,
     layer_weight_params,
     layer_weight_params_per_rank,
     layout,
+    megatron_sp,
     params_per_device,
     state_bytes_per_param,
 )
@@ -73,6 +74,9 @@ def geometry(par: ParallelConfig, seq_len: int, batch: int) -> Geometry:
         return Geometry(n / d, n / d, n / d, 1, n, True, False, batch)
     if s == "tp_sp":
         t, sig = par.tp_degree, par.sp_degree
+        if megatron_sp(par):  # the residual stream is rank (σ, t)'s piece; attention / MLP gather shard σ
+            loss = n / sig if par.vocab_degree > 1 else n / (sig * t)
+            return Geometry(n / (sig * t), n / sig, loss, t, n if sig > 1 else 0, True, True, batch)
         return Geometry(n / sig, n / sig, n / sig, t, n if sig > 1 else 0, True, False, batch)
     if s == "tsp":
         return Geometry(n / d, n / d, n / d, 1, n, True, False, batch)
@@ -252,8 +256,8 @@ def grad_sync_bucket_elems(model: ModelConfig, par: ParallelConfig) -> float:
 
     if par.scheme == "fsdp_sp":  # FSDP reduce-scatters every gradient during backward: no bucket
         return 0.0
-    n_group = max(grad_sync_group(model, par)[0], kv_grad_sync_group(model, par)[0])  # one group at a time
-    n = min(n_group, GRAD_BUCKET_ELEMS)
+    groups = [*grad_sync_groups(model, par), kv_grad_sync_group(model, par)]
+    n = min(max((n for n, p in groups if p > 1), default=0.0), GRAD_BUCKET_ELEMS)  # one group at a time
     if par.dp > 1:
         n = max(n, min(params_per_device(model, par), GRAD_BUCKET_ELEMS))
     return n

@@ -8,6 +8,7 @@ Parameters (Llama block, SwiGLU, RMSNorm, untied LM head; docs/method.md#memory)
     edges       2·V·h [embedding + untied LM head]: split by vocabulary over T in tp, tp_msp and tp_sp
                 (Megatron's vocabulary parallelism, tspbench/schemes/ops/vocab.py), replicated in sp and tsp
     replicated  (2L + 1)·h [norms]  -- on every rank, in every scheme
+    tp_sp       Megatron-SP on T by default (par.msp): residual stream 1/(T·Σ) of the tokens (`megatron_sp`)
     sharded     W / T for tp, tp_msp, tp_sp;  W / D for tsp;  not at all for sp (weights replicated); with
                 T > n_kv (GQA/MQA) each rank holds one whole KV head (K, V: 2·h·d), replicated over T/n_kv ranks;
                 fsdp_sp: every parameter (norms, embedding, head included) ÷ N = dp·Σ (FSDP2)
@@ -41,6 +42,12 @@ class Layout:
     vocab_div: int = 1  # … over V / vocab_div classes (T where the vocabulary is split over the tensor axis)
 
 
+def megatron_sp(par: ParallelConfig) -> bool:
+    """tp_sp with Megatron-SP on its tensor axis (par.msp, T > 1): residual-stream tensors 1/(T·Σ) per rank,
+    all-gather in / reduce-scatter out over T instead of TP's all-reduces (docs/method.md#choice-tp-sp-msp)."""
+    return par.scheme == "tp_sp" and par.msp and par.tp_degree > 1
+
+
 def layout(par: ParallelConfig) -> Layout:
     return replace(_layout(par), vocab_div=par.vocab_degree)
 
@@ -57,6 +64,8 @@ def _layout(par: ParallelConfig) -> Layout:
         return Layout(1, d, 1, d, 1, 1, d)
     if s == "tp_sp":
         t, sig = par.tp_degree, par.sp_degree
+        if megatron_sp(par):  # the vocabulary-parallel head gathers shard σ; a replicated one runs on the piece
+            return Layout(t, sig, t, sig, t, t, sig if par.vocab_degree > 1 else sig * t, t)
         return Layout(t, sig, t, sig, t, 1, sig, t)
     if s == "tsp":
         return Layout(d, d, d, d, 1, 1, d)

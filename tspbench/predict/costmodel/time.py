@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from tspbench.config import ModelConfig, ParallelConfig
-from tspbench.predict.costmodel.comm import grad_sync_group, kv_grad_sync_group
+from tspbench.predict.costmodel.comm import grad_sync_groups, kv_grad_sync_group
 from tspbench.predict.costmodel.flops import hardware_flops_per_token
 from tspbench.predict.costmodel.hardware import HardwareProfile, load_hardware  # noqa: F401 (re-exported)
 from tspbench.predict.costmodel.memory import kv_cache_bytes
@@ -32,6 +32,7 @@ from tspbench.predict.costmodel.params import (
     layer_weight_params_per_rank,
     layout,
     local_gqa_ratio,
+    megatron_sp,
     params_per_device,
     state_bytes_per_param,
 )
@@ -96,10 +97,12 @@ def layer_collectives(
         bwd += fwd
     elif s in ("sp", "tp_sp"):
         kv = ("allgather", sig, 2 * n * kv_d, t * sig, 1)  # K and V packed
-        if t > 1:
-            fwd += [("allreduce", t, n / sig * h, t, 2)]
-        fwd += [kv]
-        bwd += [c for c in fwd if c[0] == "allreduce"] + [("reduce_scatter",) + kv[1:]]
+        if megatron_sp(par):  # Megatron-SP on T: all-gather in, reduce-scatter out (the duals backward)
+            tp_colls = [("allgather", t, n / sig * h, t, 2), ("reduce_scatter", t, n / sig * h, t, 2)]
+        else:
+            tp_colls = [("allreduce", t, n / sig * h, t, 2)] if t > 1 else []
+        fwd += tp_colls + [kv]
+        bwd += tp_colls + [("reduce_scatter",) + kv[1:]]
         bwd += [kv] if regather_kv or par.recompute == "selective" else []  # selective re-runs the exchange
     elif s == "fsdp_sp":  # docs/method.md#fsdp-sp: the unit over N = dp·Σ, sp's K/V over Σ
         nf = fsdp_shards(par)
@@ -158,7 +161,7 @@ def edge_collectives(
         fwd = [("p2p", 2, shard, t, 2 * (t - 1))]
         bwd = [("p2p", 2, shard, t, 3 * (t - 1))]
         return fwd if mode == "forward" else fwd + bwd
-    if par.scheme == "tp_msp":
+    if par.scheme == "tp_msp" or megatron_sp(par):
         fwd = [("reduce_scatter", t, n * h, t, 1), ("allgather", t, n * h, t, 1), ("allreduce", t, n, t, 3)]
         bwd = [("allgather", t, n * h, t, 1), ("reduce_scatter", t, n * h, t, 1)]
     else:
@@ -290,11 +293,8 @@ def step_time(
     if layers is None:
         comm_s += _collectives_time_s(edge_collectives(model, par, seq_len, batch, mode=mode), hw, b)
     if mode == "train":
-        n_sync, p = grad_sync_group(model, par, layers)  # the Σ axis of tp_sp spans the whole replica
-        n_kv, p_kv = kv_grad_sync_group(model, par, layers)  # replicated KV heads (T > n_kv)
-        comm_s += _collectives_time_s(
-            [("allreduce", p, n_sync, par.degree, 1), ("allreduce", p_kv, n_kv, par.degree, 1)], hw, b
-        )
+        groups = [*grad_sync_groups(model, par, layers), kv_grad_sync_group(model, par, layers)]
+        comm_s += _collectives_time_s([("allreduce", p, n_sync, par.degree, 1) for n_sync, p in groups], hw, b)
     if overlap == "schedule":
         layer_comm = _collectives_time_s(colls, hw, b)
         hidden = layer_comm - schedule_exposed_comm_s(model, par, seq_len, batch, hw, mode=mode, dtype=dtype)

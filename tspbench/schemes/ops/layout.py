@@ -102,3 +102,24 @@ def attend_shard(q: torch.Tensor, k_full: torch.Tensor, v_full: torch.Tensor, la
         outs.append(causal_attention(q[:, :, lo : lo + n], k_full[:, :, :end], v_full[:, :, :end], q_offset=start))
         lo += n
     return torch.cat(outs, dim=2)
+
+
+@dataclass(frozen=True)
+class SplitLayout(SeqLayout):
+    """Contiguous piece `part` of `parts` of this rank's shard (in local order), for token-wise work only
+    (embedding, norms, residuals, LM head): tp_sp with Megatron-SP and a replicated vocabulary, where rank
+    (σ, t) holds piece t of zigzag shard σ, i.e. S/(T·Σ) tokens (docs/method.md#choice-tp-sp-msp). `degree` and
+    `rank` stay the shard's (Σ, σ); attention uses the shard's SeqLayout, never this one. Over the flattened
+    sp × tp group (rank σ·T + t) the pieces concatenate to the shards' rank order, so `unshard` is SeqLayout's."""
+
+    parts: int = 1
+    part: int = 0
+
+    @property
+    def positions(self) -> torch.Tensor:
+        n = self.seq_len // (self.degree * self.parts)
+        return self.positions_of(self.rank)[self.part * n : (self.part + 1) * n]
+
+    @property
+    def local_len(self) -> int:
+        return self.seq_len // (self.degree * self.parts)

@@ -9,6 +9,7 @@ meta its full value (`materialise_replicated`), and checks that every local para
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
 
@@ -40,12 +41,16 @@ def mesh_shape(par: ParallelConfig) -> tuple[int, ...]:
 
 
 def build_mesh(par: ParallelConfig, device_type: str) -> DeviceMesh:
-    """The rank mesh of one run (world = dp × degree); one process group per axis. fsdp_sp with dp > 1 also
-    flattens dp × sp here (its FSDP mesh; `ApplyArgs.flat` finds it cached), so the group exists before a
-    fake-tensor trace starts."""
-    mesh = init_device_mesh(device_type, mesh_shape(par), mesh_dim_names=MESH_AXES[par.scheme])
-    if par.scheme == "fsdp_sp" and par.dp > 1:
-        mesh[("dp", "sp")]._flatten("dp+sp")
+    """The rank mesh of one run (world = dp × degree); one process group per axis, and one per flattened
+    combination of its axes with more than one rank (`ApplyArgs.flat`: e.g. dp+sp for the gradient sync,
+    sp+tp for tp_sp's Megatron-SP norms), made here, once, so that a scheme's apply never creates a group (the
+    estimate runs it under a fake-tensor mode, where DeviceMesh cannot build one)."""
+    names = MESH_AXES[par.scheme]
+    mesh = init_device_mesh(device_type, mesh_shape(par), mesh_dim_names=names)
+    live = [a for a, n in zip(names, mesh_shape(par)) if n > 1]
+    for k in range(2, len(live) + 1):
+        for combo in itertools.combinations(live, k):
+            mesh[combo]._flatten("+".join(combo))
     return mesh
 
 

@@ -1,7 +1,7 @@
 """Column/row-parallel attention and gated MLP over a tensor group (Megatron; Shoeybi et al. 2019), shared by
 tp, tp_msp and tp_sp. Each module holds this rank's head / channel slice; `enter` and `exit` are the region
-mappings around the GEMMs (tp: f and g; tp_msp: all-gather / reduce-scatter along the sequence; tp_sp: f and
-g on the local tokens), the only thing the schemes change.
+mappings around the GEMMs (tp: f and g; tp_msp and tp_sp with Megatron-SP: all-gather / reduce-scatter along
+the sequence; tp_sp with msp=false: f and g on the local tokens), the only thing the schemes change.
 """
 
 from __future__ import annotations
@@ -11,7 +11,13 @@ from torch import nn
 
 from tspbench.config import ModelConfig
 from tspbench.model import CoreAttention, LayerKV, causal_attention, project_qkv, swiglu
-from tspbench.schemes.comm import Comm, copy_to_region, reduce_from_region
+from tspbench.schemes.comm import (
+    Comm,
+    copy_to_region,
+    gather_from_sequence,
+    reduce_from_region,
+    reduce_scatter_to_sequence,
+)
 from tspbench.schemes.ops.decode import Decodable, decode_attend
 
 
@@ -72,3 +78,16 @@ class TPMLP(nn.Module, Decodable):
 
     def forward(self, x):
         return self.exit(swiglu(self.enter(x), self.w_gate, self.w_up, self.w_down))  # partial over F·h/T
+
+
+class SeqParallelMLP(TPMLP):
+    """Megatron-SP's MLP (tp_msp; tp_sp's tensor axis): all-gather the sequence shards in, reduce-scatter the
+    row-parallel partial sums out (dim 1 of [B, S_loc, h]). Decoding one replicated token: plain TP."""
+
+    comm: Comm  # Megatron-SP needs a tensor group of T ≥ 2 ranks
+
+    def enter(self, x):
+        return super().enter(x) if self.decoding else gather_from_sequence(x, self.comm, dim=1)
+
+    def exit(self, y):
+        return super().exit(y) if self.decoding else reduce_scatter_to_sequence(y, self.comm, dim=1)
