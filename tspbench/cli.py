@@ -45,7 +45,11 @@ def compose(config_name: str, overrides: list[str]) -> Any:
         check_keys(cfg)
         return OmegaConf.to_object(cfg)
     except (HydraException, OmegaConfBaseException) as e:
-        raise ConfigError(explain(e, cfg_type(config_name))) from None
+        try:
+            line = explain(e, cfg_type(config_name))
+        except Exception:  # noqa: BLE001 - explaining must never turn a user's mistake into a traceback
+            line = one_line(e)
+        raise ConfigError(line) from None
 
 
 def cfg_type(config_name: str) -> type | None:
@@ -73,8 +77,12 @@ def check_keys(cfg: Any, prefix: str = "") -> None:
     for key in map(str, cfg.keys()):
         if key not in allowed:
             raise ConfigError(unknown_key(f"{prefix}{key}", allowed, prefix))
-        if dataclasses.is_dataclass(typing.get_type_hints(cls).get(key)):
+        hint = typing.get_type_hints(cls).get(key)
+        if dataclasses.is_dataclass(hint):
             check_keys(cfg[key], f"{prefix}{key}.")
+        elif typing.get_origin(hint) is dict and isinstance(cfg[key], DictConfig):  # scheme_opts.<name>
+            for name in map(str, cfg[key].keys()):
+                check_keys(cfg[key][name], f"{prefix}{key}.{name}.")
 
 
 def unknown_key(key: str, allowed: list[str], prefix: str = "") -> str:
@@ -108,7 +116,14 @@ def explain(e: BaseException, schema: type | None) -> str:
         head, _, _leaf = key.rpartition(".")
         cls: Any = schema
         for part in head.split(".") if head else []:
-            cls = typing.get_type_hints(cls).get(part)
+            cls = typing.get_type_hints(cls).get(part) if dataclasses.is_dataclass(cls) else None
+            if typing.get_origin(cls) is dict:  # e.g. scheme_opts.<name>.<field>: names are the group's presets
+                value = typing.get_args(cls)[1]
+                names = presets(part) if (CONF_DIR / part).is_dir() else "..."
+                fields = ", ".join(f.name for f in dataclasses.fields(value)) if dataclasses.is_dataclass(value) else ""
+                return f"{key} is not a key: allowed: {part}.NAME.FIELD with NAME one of {names}" + (
+                    f" and FIELD one of {fields}" if fields else ""
+                )
         if cls is not None and dataclasses.is_dataclass(cls):
             return unknown_key(key, [f.name for f in dataclasses.fields(cls)], head + "." if head else "")
     m = re.search(r"Could not append to config\. An item is already at '([^']+)'", text)

@@ -54,6 +54,15 @@ BAD = [
     (["+exp=smoke", "progress=maybe"], "progress expects true or false"),
     (["+exp=smoke", "seq_len=64,128"], "seq_len=64,128 is a sweep: add -m"),
     (["-m", "+exp=smoke", "seq_len=64,0"], "seq_len=0: every seq_len must be ≥ 1 (in the sweep's point"),
+    (["+exp=smoke", "+vocab=ring"], "vocab=ring is a TSP option"),
+    (["+exp=smoke", "decode_steps=4"], "decode_steps is a `python -m tspbench.verify` key; in an experiment: mode"),
+    (["+exp=smoke", "scheme_opts.foo.vocabs=[auto]"], "allowed: scheme_opts.NAME.FIELD with NAME one of single |"),
+    (["+exp=smoke", "+scheme_opts.tp.foo=1"], "scheme_opts.tp.foo is not a key: allowed: scheme_opts.tp.sp_variants"),
+    (["+exp=smoke", "faults.kindd=crash"], "faults.kindd is not a key: did you mean faults.kind?"),
+    (["+exp=smoke", "faults=boom"], "faults=boom is unknown; allowed: faults=crash | faults=hang"),
+    (["+exp=smoke", "model.n_heads=3"], "no grid point can run: model.dim=64 must be divisible by model.n_heads=3"),
+    (["+exp=smoke", "scheme=tp_sp", "degrees=[4,6]", "tp=3"], "tp=3: no T fits degree=4; allowed at degree 4"),
+    (["+exp=smoke", "mode=decode", "execution=estimate"], "mode=decode cannot be estimated"),
 ]
 
 

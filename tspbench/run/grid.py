@@ -343,4 +343,20 @@ def compose_experiment(overrides: list[str]) -> ExperimentConfig:
     from tspbench import cli
 
     register()
-    return cli.compose("config", overrides)
+    try:
+        return cli.compose("config", overrides)
+    except ConfigError as e:
+        key = str(e).split(" ", 1)[0]
+        if str(e).startswith(f"{key} is not a key") and key in VERIFY_ONLY:
+            raise ConfigError(
+                f"{key} is a `python -m tspbench.verify` key; in an experiment: {VERIFY_ONLY[key]}"
+            ) from None
+        raise
+
+
+VERIFY_ONLY = {
+    "decode_steps": "mode=decode (measured_steps sets the tokens decoded per run)",
+    "optimizer_step": "mode=train (forward + backward + AdamW step) or mode=forward",
+    "grad_bucket_elems": "not settable (the worker uses the default bucket); use verify to test bucketing",
+}
+"""verify's keys that an experiment does not have, and what to type instead (one vocabulary across the CLIs)."""
