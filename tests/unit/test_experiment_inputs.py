@@ -61,8 +61,9 @@ BAD = [
     (["+exp=smoke", "faults.kindd=crash"], "faults.kindd is not a key: did you mean faults.kind?"),
     (["+exp=smoke", "faults=boom"], "faults=boom is unknown; allowed: faults=crash | faults=hang"),
     (["+exp=smoke", "model.n_heads=3"], "no grid point can run: model.dim=64 must be divisible by model.n_heads=3"),
-    (["+exp=smoke", "scheme=tp_sp", "degrees=[4,6]", "tp=3"], "tp=3: no T fits degree=4; allowed at degree 4"),
+    (["+exp=smoke", "scheme=tp_sp", "degrees=[4,8]", "tp=3"], "tp=3: T=3 is not a proper divisor of degree=4"),
     (["+exp=smoke", "mode=decode", "execution=estimate"], "mode=decode cannot be estimated"),
+    (["+exp=smoke", "paper_tables=[memroy]"], "paper_tables='memroy' is unknown; allowed: memory, throughput"),
 ]
 
 
@@ -72,8 +73,18 @@ def test_bad_input_gets_one_line(argv, needle):
     assert line is not None and "\n" not in line and needle in line, line
 
 
+@pytest.mark.parametrize("name", ["smoke", "llama7b", "microbatch", "paper_memory", "paper_throughput", "serving"])
+def test_every_shipped_experiment_passes(name):
+    assert precheck_argv([f"+exp={name}"]) is None
+
+
 def test_good_inputs_pass():
-    for argv in (["+exp=smoke"], ["+exp=smoke", "scheme=tsp", "vocab=ring"], ["-m", "+exp=smoke", "seq_len=64,128"]):
+    for argv in (
+        ["+exp=smoke", "scheme=tsp", "vocab=ring"],
+        ["-m", "+exp=smoke", "seq_len=64,128"],
+        ["-m", "+exp=smoke", "scheme=tp,tsp"],
+        ["+exp=smoke", "scheme=tp_sp", "degrees=[4,6]", "tp=3"],  # T=3 at degree 6; degree 4 runs T = auto
+    ):
         assert precheck_argv(argv) is None, argv
 
 

@@ -38,6 +38,8 @@ from tspbench.record.spec import RunSpec
 DEVICES = ("auto", "cpu", "cuda")
 EXECUTIONS = ("auto", "measure", "estimate", "model")
 FAULT_KINDS = ("none", "crash", "hang", "oom")
+PAPER_TABLES = ("memory", "throughput", "plausibility", "crossover")
+"""The tables tspbench.paper.tables.print_tables knows."""
 
 
 @dataclass
@@ -194,6 +196,8 @@ def validate_experiment(cfg: ExperimentConfig) -> None:
     _one_of("execution", cfg.execution, EXECUTIONS)
     _one_of("recompute", cfg.recompute, RECOMPUTE)
     _one_of("faults.kind", cfg.faults.kind, FAULT_KINDS)
+    for t in cfg.paper_tables:
+        _one_of("paper_tables", t, PAPER_TABLES)
     if cfg.faults.scheme is not None:
         _one_of("faults.scheme", cfg.faults.scheme, SCHEMES)
     for name, opts in cfg.scheme_opts.items():
