@@ -4,10 +4,17 @@ Hydra lives only here, in the parent: it composes the typed ExperimentConfig (ts
 the run/sweep directories (conf/config.yaml) and, under `-m`, the sweep; each run's ranks are spawned by
 tspbench.run.launch from a frozen spec file. `--help` lists every option with its meaning (Hydra's own help:
 `--hydra-help`).
+
+Before Hydra starts (so a refused command leaves no directory behind), every combination of the command line's
+overrides is composed and checked (tspbench.run.checks.precheck): a mistake gets one line and exit 2. Exit
+codes: 0 when every grid point ended `ok` (or was already `ok`), 1 otherwise (the counts on the last line;
+`allow_failures=true` exits 0), 2 for a refused command, 130 on Ctrl-C.
 """
 
 from __future__ import annotations
 
+import itertools
+import shutil
 import sys
 import typing
 from pathlib import Path
@@ -18,7 +25,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from tspbench import cli
 from tspbench.cli import CONF_DIR
-from tspbench.run.grid import ExperimentConfig, compose_experiment, expand_grid, register
+from tspbench.run.checks import grid_outcome, precheck
+from tspbench.run.grid import ExperimentConfig, compose_experiment, register
 
 register()
 
@@ -54,17 +62,21 @@ def main(cfg: DictConfig) -> None:
     from tspbench.run.launch import run_all
 
     exp = typing.cast(ExperimentConfig, OmegaConf.to_object(cfg))
-    run_dir = Path(exp.resume_dir or HydraConfig.get().runtime.output_dir).resolve()
-    run_dir.mkdir(parents=True, exist_ok=True)
+    hydra_dir = Path(HydraConfig.get().runtime.output_dir).resolve()
+    run_dir = Path(exp.resume_dir or hydra_dir).resolve()
+    if exp.resume_dir:  # the records go to resume_dir: leave no near-empty Hydra dir behind
+        _drop_if_only_hydra(hydra_dir)
     try:
-        specs = expand_grid(exp)
+        specs = precheck(exp)
     except ConfigError as e:
+        _drop_if_only_hydra(hydra_dir)
         print(f"tspbench: {e}", file=sys.stderr)
         raise SystemExit(2) from None
+    run_dir.mkdir(parents=True, exist_ok=True)
     print(f"tspbench: {exp.exp_name}: {len(specs)} runs → {run_dir / RESULTS_FILE}", file=sys.stderr)
     _say_fallback(specs)
     try:
-        records = run_all(specs, run_dir, force=exp.force, progress=exp.progress)
+        records = run_all(specs, run_dir, force=exp.force, progress=exp.progress, memory_check=exp.memory_check)
     except KeyboardInterrupt:
         print(
             f"\ntspbench: interrupted; finished runs are kept in {run_dir / RESULTS_FILE}; "
@@ -85,6 +97,62 @@ def main(cfg: DictConfig) -> None:
         from tspbench.report import finish
 
         finish([run_dir / RESULTS_FILE], exp.exp_name)
+    code, line = grid_outcome(specs, records, exp.allow_failures)
+    print(line, flush=True)
+    if code and not _in_multirun():  # a sweep's exit code comes from its combined results (run.callbacks)
+        raise SystemExit(code)
+
+
+def _drop_if_only_hydra(path: Path) -> None:
+    """Remove Hydra's run dir if it holds nothing but Hydra's own files (.hydra/, the job log)."""
+    if not path.is_dir() or any(p.name != ".hydra" and p.suffix != ".log" for p in path.iterdir()):
+        return
+    if any(p.suffix == ".log" and p.stat().st_size for p in path.iterdir()):
+        return
+    shutil.rmtree(path, ignore_errors=True)
+
+
+HYDRA_FLAGS_WITH_VALUE = ("--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-dir", "-cd", "--info")
+
+
+def precheck_argv(argv: list[str]) -> str | None:
+    """Compose and check every combination of the overrides on the command line (a sweep's too) before Hydra
+    starts; the first mistake as one line, or None."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    from tspbench.config import ConfigError
+
+    if any(a in ("--config-name", "-cn") or a.startswith("--config-name=") for a in argv):
+        return None  # another root config: Hydra checks it
+    multirun = any(a in ("-m", "--multirun") for a in argv)
+    overrides, skip = [], False
+    for a in argv:
+        if skip or a.startswith("-"):
+            skip = a in HYDRA_FLAGS_WITH_VALUE
+            continue
+        if not a.lstrip("+~").startswith(("hydra.", "hydra/")):
+            overrides.append(a)
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except HydraException as e:
+        return cli.one_line(e)
+    choices: list[list[str]] = []
+    for o in parsed:
+        if not o.is_sweep_override():
+            choices.append([str(o.input_line)])
+            continue
+        if not multirun:
+            return f"{o.input_line} is a sweep: add -m (python -m tspbench -m ...) or give one value"
+        choices.append([f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()])
+    combos = list(itertools.islice(itertools.product(*choices), 256))
+    for combo in combos:
+        try:
+            precheck(compose_experiment(list(combo)))
+        except ConfigError as e:
+            where = f" (in the sweep's point {' '.join(combo)})" if len(combos) > 1 else ""
+            return f"{e}{where}"
+    return None
 
 
 def _say_fallback(specs) -> None:
@@ -117,4 +185,8 @@ if __name__ == "__main__":
     if cli.wants_help(sys.argv[1:]):
         print_help()
         sys.exit(0)
+    refused = precheck_argv(sys.argv[1:])
+    if refused:
+        print(f"tspbench: {refused}", file=sys.stderr)
+        sys.exit(2)
     main()

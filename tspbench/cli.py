@@ -42,9 +42,120 @@ def compose(config_name: str, overrides: list[str]) -> Any:
     try:
         with initialize_config_dir(str(CONF_DIR), version_base=None):
             cfg = hydra_compose(config_name, overrides=overrides)
+        check_keys(cfg)
         return OmegaConf.to_object(cfg)
     except (HydraException, OmegaConfBaseException) as e:
-        raise ConfigError(one_line(e)) from None
+        try:
+            line = explain(e, cfg_type(config_name))
+        except Exception:  # noqa: BLE001 - explaining must never turn a user's mistake into a traceback
+            line = one_line(e)
+        raise ConfigError(line) from None
+
+
+def cfg_type(config_name: str) -> type | None:
+    """The schema class a config root is typed by (its `*_schema` default), for error messages."""
+    import yaml
+    from hydra.core.config_store import ConfigStore
+
+    defaults = (yaml.safe_load((CONF_DIR / f"{config_name}.yaml").read_text()) or {}).get("defaults", [])
+    repo = ConfigStore.instance().repo
+    for d in defaults:
+        if isinstance(d, str) and d.endswith("_schema") and f"{d}.yaml" in repo:
+            return repo[f"{d}.yaml"].node._metadata.object_type
+    return None
+
+
+def check_keys(cfg: Any, prefix: str = "") -> None:
+    """Hydra lets `+key=value` add a key the typed schema does not have, which the run then ignores: refuse
+    it, naming the allowed keys (the closest first)."""
+    from omegaconf import DictConfig, OmegaConf
+
+    cls = OmegaConf.get_type(cfg)
+    if not (isinstance(cfg, DictConfig) and cls is not None and dataclasses.is_dataclass(cls)):
+        return
+    allowed = [f.name for f in dataclasses.fields(cls)]
+    for key in map(str, cfg.keys()):
+        if key not in allowed:
+            raise ConfigError(unknown_key(f"{prefix}{key}", allowed, prefix))
+        hint = typing.get_type_hints(cls).get(key)
+        if dataclasses.is_dataclass(hint):
+            check_keys(cfg[key], f"{prefix}{key}.")
+        elif typing.get_origin(hint) is dict and isinstance(cfg[key], DictConfig):  # scheme_opts.<name>
+            for name in map(str, cfg[key].keys()):
+                check_keys(cfg[key][name], f"{prefix}{key}.{name}.")
+
+
+def unknown_key(key: str, allowed: list[str], prefix: str = "") -> str:
+    import difflib
+
+    leaf = key.rpartition(".")[2]
+    near = difflib.get_close_matches(leaf, allowed, n=1)
+    hint = f"did you mean {prefix}{near[0]}? " if near else ""
+    return f"{key} is not a key: {hint}allowed: {', '.join(prefix + a for a in allowed)}"
+
+
+def explain(e: BaseException, schema: type | None) -> str:
+    """Hydra's multi-line composition errors → one line saying what to type instead."""
+    import re
+
+    text = str(e)
+    first = one_line(e)
+    m = re.search(r"Could not find '([^/']+)/([^']+)'", text)
+    if m:
+        group, name = m.groups()
+        plus = "+" if group == "exp" else ""
+        allowed = " | ".join(f"{plus}{group}={p}" for p in presets(group).split(" | "))
+        return f"{plus}{group}={name} is unknown; allowed: {allowed}"
+    m = re.search(r"Could not override '([^']+)'\. No match in the defaults list", text)
+    if m:
+        g = m.group(1)
+        return f"{g} is a config group added with a '+': type +{g}=NAME (allowed: {presets(g)})"
+    m = re.search(r"Could not override '([^']+)'", text)
+    if m and schema is not None:
+        key = m.group(1)
+        head, _, _leaf = key.rpartition(".")
+        cls: Any = schema
+        for part in head.split(".") if head else []:
+            cls = typing.get_type_hints(cls).get(part) if dataclasses.is_dataclass(cls) else None
+            if typing.get_origin(cls) is dict:  # e.g. scheme_opts.<name>.<field>: names are the group's presets
+                value = typing.get_args(cls)[1]
+                names = presets(part) if (CONF_DIR / part).is_dir() else "..."
+                fields = ", ".join(f.name for f in dataclasses.fields(value)) if dataclasses.is_dataclass(value) else ""
+                return f"{key} is not a key: allowed: {part}.NAME.FIELD with NAME one of {names}" + (
+                    f" and FIELD one of {fields}" if fields else ""
+                )
+        if cls is not None and dataclasses.is_dataclass(cls):
+            return unknown_key(key, [f.name for f in dataclasses.fields(cls)], head + "." if head else "")
+    m = re.search(r"Could not append to config\. An item is already at '([^']+)'", text)
+    if m:
+        return f"{m.group(1)} is already a key: drop the '+' (e.g. {m.group(1)}=VALUE)"
+    m = re.match(r"Error merging override (([^=]+)=(.*))", first)
+    if m and e.__cause__ is not None:
+        override, key, value = m.groups()
+        why = one_line(e.__cause__).rstrip(".")
+        return f"{override}: {why}; {key.strip('+')} expects {expected(schema, key.strip('+'), value)}"
+    return first
+
+
+def expected(schema: type | None, key: str, value: str = "...") -> str:
+    """What a field takes, in words (for a value that did not convert)."""
+    cls: Any = schema
+    hint: Any = None
+    for part in key.split("."):
+        if cls is None or not dataclasses.is_dataclass(cls):
+            return "another type (see --help)"
+        hint = typing.get_type_hints(cls).get(part)
+        cls = hint
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (list, tuple):
+        return f"a list in brackets, e.g. {key}=[{value}]"
+    if args and type(None) in args:
+        return _word(next(a for a in args if a is not type(None))) + " or null"
+    return _word(hint)
+
+
+def _word(t: Any) -> str:
+    return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(t, str(t))
 
 
 def one_line(e: BaseException) -> str:

@@ -4,6 +4,7 @@ per run. Field meanings: docs/records.md."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from typing import Any
 
 from tspbench.record.spec import RunSpec
@@ -11,6 +12,30 @@ from tspbench.record.spec import RunSpec
 STATUSES = ("ok", "oom", "failed", "timeout", "invalid")
 METHODS = ("measured", "estimated", "modelled")
 CPU_NOTE = "CPU (gloo): checks the machinery, not GPU performance"
+
+
+def supersedes(new: dict[str, Any], old: dict[str, Any]) -> bool:
+    """Does `new` (written later) replace `old` as the state of the same run? Yes, except that an `ok` is
+    never superseded by an interruption of the same run (Ctrl-C right after the result was written)."""
+    interrupted = new.get("status") != "ok" and str(new.get("reason") or "").startswith("interrupted")
+    return not (old.get("status") == "ok" and interrupted)
+
+
+def current_records(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One record per run_id, its current state (`supersedes`), in the order each run was last recorded;
+    records without a run_id are kept as they are."""
+    last: dict[Any, dict[str, Any]] = {}
+    loose: list[tuple[int, dict[str, Any]]] = []
+    order: dict[Any, int] = {}
+    for i, r in enumerate(records):
+        if not isinstance(r, dict):
+            continue
+        rid = r.get("run_id")
+        if rid is None:
+            loose.append((i, r))
+        elif rid not in last or supersedes(r, last[rid]):
+            last[rid], order[rid] = r, i
+    return [r for _, r in sorted([*((order[k], v) for k, v in last.items()), *loose], key=lambda x: x[0])]
 
 
 def base_record(spec: RunSpec, status: str, reason: str | None = None) -> dict[str, Any]:

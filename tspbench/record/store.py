@@ -82,6 +82,32 @@ def read_records(paths: Iterable[str | os.PathLike]) -> list[dict[str, Any]]:
     return out
 
 
+def jsonl_files(paths: Iterable[str | os.PathLike]) -> list[Path]:
+    """The JSONL files `read_records` reads: files as given, directories searched recursively."""
+    out: list[Path] = []
+    for p in map(Path, paths):
+        out += sorted(p.rglob("*.jsonl")) if p.is_dir() else [p] if p.exists() else []
+    return out
+
+
+def bad_lines(path: Path) -> list[tuple[int, bool]]:
+    """(1-based line number, is it the file's last non-empty line) of every line that is not a JSON object
+    (`read_records` skips them: a torn last line is a crash mid-write, anything else a damaged file)."""
+    lines = path.read_text(errors="replace").splitlines()
+    last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
+    out = []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            ok = isinstance(json.loads(line), dict)
+        except json.JSONDecodeError:
+            ok = False
+        if not ok:
+            out.append((i + 1, i == last))
+    return out
+
+
 def load(*paths: str | os.PathLike):
     """Records from JSONL files/directories as a pandas DataFrame; `metrics.*` flattened to columns."""
     import pandas as pd

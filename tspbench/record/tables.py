@@ -6,18 +6,15 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from tspbench.record.schema import STATUSES
+from tspbench.record.schema import STATUSES, current_records
 
 SCHEME_ORDER = ("single", "tp", "tp_msp", "sp", "tp_sp", "fsdp_sp", "tsp")
 
 
 def latest_by_run_id(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One record per run_id, the last one written (a run may be recorded failed, then ok on resume)."""
-    last: dict[Any, dict[str, Any]] = {}
-    for r in records:
-        last.pop(r.get("run_id"), None)
-        last[r.get("run_id")] = r
-    return list(last.values())
+    """One record per run_id, its current state (a run may be recorded failed, then ok on resume; an ok is
+    never superseded by an interruption: tspbench.record.schema.current_records)."""
+    return current_records(records)
 
 
 def summary_table(records: Iterable[dict[str, Any]]) -> str:

@@ -12,6 +12,7 @@ from typing import Any
 
 import pandas as pd
 
+from tspbench.record.schema import supersedes
 from tspbench.record.store import read_records
 
 GIB_TO_GB = 1.073741824  # 1 GiB = 2**30 B = 1.073741824 GB; the paper quotes GB
@@ -81,13 +82,16 @@ def num(x: Any) -> float | None:
 
 
 def dedupe(records: Iterable[dict]) -> list[dict]:
-    """Keep the last record per run_id (a re-run or a later file supersedes); keep id-less records."""
+    """Keep the last record per run_id (a re-run or a later file supersedes, except that an interruption never
+    supersedes an ok: tspbench.record.schema.supersedes); keep id-less records."""
     by_id: dict[Any, int] = {}
     out: list[dict] = []
     for r in records:
         if not isinstance(r, dict):
             continue
         rid = r.get("run_id")
+        if rid is not None and rid in by_id and not supersedes(r, out[by_id[rid]]):
+            continue  # an ok is never superseded by an interruption of the same run
         if rid is not None and rid in by_id:
             out[by_id[rid]] = None  # type: ignore[call-overload]  # drop the earlier one, keep order
         if rid is not None:

@@ -3,7 +3,8 @@
 `python -m tspbench -m +exp=smoke seq_len=64,128` runs one job per override combination, each writing
 `<sweep dir>/<job>/results.jsonl`. `CombineResults.on_multirun_end` concatenates them (in job order) into
 `<sweep dir>/results.jsonl`, rewritten whole each time so a resumed sweep never duplicates lines, and
-prints the summary table and the path. Registered in conf/config.yaml under `hydra.callbacks`.
+prints the summary table and the path, then the sweep's counts line; it exits 1 when some run is not `ok`
+(unless allow_failures=true). Registered in conf/config.yaml under `hydra.callbacks`.
 """
 
 from __future__ import annotations
@@ -59,3 +60,22 @@ class CombineResults(Callback):
             from tspbench.report import finish
 
             finish([out], f"{config.get('exp_name', 'sweep')}-multirun")
+        code, line = sweep_outcome(read_records([out]), bool(config.get("allow_failures", False)))
+        print(line, flush=True)
+        if code:
+            raise SystemExit(code)
+
+
+def sweep_outcome(records: list[dict], allow_failures: bool) -> tuple[int, str]:
+    """The whole sweep's exit code and counts line: 0 only when every run's current record is `ok`."""
+    from tspbench.record.schema import current_records
+
+    counts: dict[str, int] = {}
+    for r in current_records(records):
+        counts[str(r.get("status"))] = counts.get(str(r.get("status")), 0) + 1
+    n_ok, total = counts.pop("ok", 0), sum(counts.values())
+    rest = "".join(f", {n} {k}" for k, n in sorted(counts.items()))
+    line = f"tspbench: sweep: {n_ok} of {n_ok + total} runs ok{rest}"
+    if not counts or allow_failures:
+        return 0, line + (" (allow_failures=true: exit 0)" if counts else "")
+    return 1, line + " → exit 1 (allow_failures=true exits 0)"

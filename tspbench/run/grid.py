@@ -9,9 +9,10 @@ worker reads it from a file and never sees Hydra.
 re-running an experiment into the same directory finds the runs already recorded `ok` and skips them.
 
 Axes and their scalar overrides: the plural fields are the grid (`seq_lens: [64, 128]`); the singular
-ones (`seq_len=128`, `degree=4`, `batch=2`, `mode=forward`), when set, replace the axis with one value,
-which is what a Hydra multirun sweeps (`-m seq_len=64,128`). The scheme axis is `schemes=[tp,tsp]` (sweep it
-as `-m 'schemes=[tp],[tsp]'`).
+ones (`seq_len=128`, `degree=4`, `batch=2`, `mode=forward`, and verify's own spellings `scheme=tsp`,
+`vocab=ring`, `tp=2`, `sp_variant=ring`), when set, replace the axis with one value, which is what a Hydra
+multirun sweeps (`-m seq_len=64,128`). The scheme axis is `schemes=[tp,tsp]` (sweep it as
+`-m 'schemes=[tp],[tsp]'` or `-m scheme=tp,tsp`).
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ from tspbench.record.spec import RunSpec
 DEVICES = ("auto", "cpu", "cuda")
 EXECUTIONS = ("auto", "measure", "estimate", "model")
 FAULT_KINDS = ("none", "crash", "hang", "oom")
+PAPER_TABLES = ("memory", "throughput", "plausibility", "crossover")
+"""The tables tspbench.paper.tables.print_tables knows."""
 
 
 @dataclass
@@ -100,10 +103,18 @@ class ExperimentConfig:
     """If set, replaces `batches`."""
     mode: str | None = None
     """If set, replaces `modes`."""
+    scheme: str | None = None
+    """If set, replaces `schemes` (the spelling `python -m tspbench.verify` uses)."""
+    sp_variant: str | None = None
+    """If set, replaces `scheme_opts.sp.sp_variants` and `scheme_opts.tp_sp.sp_variants` (allgather | ring)."""
+    vocab: str | None = None
+    """If set, replaces every scheme's `scheme_opts.<name>.vocabs` (auto | replicated | ring, ring for tsp only)."""
+    tp: int | None = None
+    """If set, replaces `scheme_opts.tp_sp.tps` (tp_sp's tensor degree T; 0 = auto); tp_sp only."""
     dp: int = 1
     """Data-parallel replicas per run; world size = dp × degree."""
     recompute: str = "none"
-    """Activation recompute: none | full."""
+    """Activation recompute: none | selective | full (the same key as in verify)."""
     dtype: str = "float32"
     """float64 | float32 | bfloat16."""
     device: str = "auto"
@@ -129,7 +140,8 @@ class ExperimentConfig:
     nodes: int = 1
     """Nodes the parent launches on (always 1 here; a cluster's own torchrun sets its own)."""
     resume_dir: str | None = None
-    """Write records into this existing directory instead of Hydra's run dir, skipping its `ok` runs."""
+    """Write records into this existing directory instead of Hydra's run dir, skipping its `ok` runs (a path
+    that does not exist is refused)."""
     force: bool = False
     """Re-run runs already recorded `ok`."""
     progress: bool = True
@@ -141,6 +153,12 @@ class ExperimentConfig:
     """End with the HTML report (reports/<exp_name>-<time>.html) and the matched claims in the terminal."""
     faults: FaultConfig = field(default_factory=FaultConfig)
     """Fault injection (`faults=crash|hang|oom faults.scheme=tp`)."""
+    allow_failures: bool = False
+    """Exit 0 even when some grid points end `oom`, `failed`, `timeout` or `invalid` (sweeps that expect
+    some `oom`); by default the exit code is 0 only when every grid point ended `ok`."""
+    memory_check: bool = True
+    """Before a measured run's ranks start, compare the cost model's per-rank peak with the memory the run
+    can get (free device memory on GPU, available RAM / ranks on CPU) and record `oom` if it cannot fit."""
 
 
 # --------------------------------------------------------------------------------------------- checks
@@ -154,6 +172,19 @@ def validate_experiment(cfg: ExperimentConfig) -> None:
     bad degree is recorded `invalid` while the rest of the grid runs."""
     for s in cfg.schemes:
         _one_of("schemes", s, SCHEMES)
+    if cfg.scheme is not None:
+        _one_of("scheme", cfg.scheme, SCHEMES)
+    if cfg.sp_variant is not None:
+        _one_of("sp_variant", cfg.sp_variant, SP_VARIANTS)
+    if cfg.vocab is not None:
+        _one_of("vocab", cfg.vocab, VOCAB)
+        if cfg.vocab == "ring" and any(s != "tsp" for s in schemes_of(cfg)):
+            raise ConfigError(
+                "vocab=ring is a TSP option; use scheme=tsp vocab=ring, or scheme_opts.tsp.vocabs=[ring] "
+                "for tsp inside a grid of several schemes"
+            )
+    if cfg.tp is not None and "tp_sp" not in schemes_of(cfg):
+        raise ConfigError(f"tp={cfg.tp} sets tp_sp's tensor degree; add tp_sp to the schemes (scheme=tp_sp)")
     for name in cfg.scheme_opts:
         _one_of("scheme_opts key", name, SCHEMES)
     for m in [cfg.mode] if cfg.mode else cfg.modes:
@@ -168,6 +199,8 @@ def validate_experiment(cfg: ExperimentConfig) -> None:
     _one_of("execution", cfg.execution, EXECUTIONS)
     _one_of("recompute", cfg.recompute, RECOMPUTE)
     _one_of("faults.kind", cfg.faults.kind, FAULT_KINDS)
+    for t in cfg.paper_tables:
+        _one_of("paper_tables", t, PAPER_TABLES)
     if cfg.faults.scheme is not None:
         _one_of("faults.scheme", cfg.faults.scheme, SCHEMES)
     for name, opts in cfg.scheme_opts.items():
@@ -204,17 +237,14 @@ def expand_grid(cfg: ExperimentConfig, results_file: str = "", status_dir: str =
     """Every grid point as a RunSpec, in a stable order (seq_len outermost, then scheme). Duplicates
     (e.g. `single` under several degrees) are dropped."""
     validate_experiment(cfg)
-    seq_lens = [cfg.seq_len] if cfg.seq_len is not None else list(cfg.seq_lens)
-    degrees = [cfg.degree] if cfg.degree is not None else list(cfg.degrees)
-    batches = [cfg.batch] if cfg.batch is not None else list(cfg.batches)
-    modes = [cfg.mode] if cfg.mode is not None else list(cfg.modes)
+    seq_lens, degrees, batches, modes = axes(cfg)
     device = resolve_device(cfg.device)
     model = asdict(cfg.model) if not isinstance(cfg.model, dict) else dict(cfg.model)
     out: list[RunSpec] = []
     seen: set[str] = set()
     for seq_len in seq_lens:
-        for scheme in cfg.schemes:
-            opts = cfg.scheme_opts.get(scheme) or SchemeOptions()
+        for scheme in schemes_of(cfg):
+            opts = options_of(cfg, scheme)
             variants = list(opts.sp_variants) if scheme in ("sp", "tp_sp", "fsdp_sp") else ["allgather"]
             for degree in [1] if scheme == "single" else degrees:
                 tps = _tps_for(scheme, degree, opts)
@@ -259,9 +289,36 @@ def expand_grid(cfg: ExperimentConfig, results_file: str = "", status_dir: str =
     return out
 
 
+def axes(cfg: ExperimentConfig) -> tuple[list[int], list[int], list[int], list[str]]:
+    """(seq_lens, degrees, batches, modes), each singular key replacing its axis."""
+    return (
+        [cfg.seq_len] if cfg.seq_len is not None else list(cfg.seq_lens),
+        [cfg.degree] if cfg.degree is not None else list(cfg.degrees),
+        [cfg.batch] if cfg.batch is not None else list(cfg.batches),
+        [cfg.mode] if cfg.mode is not None else list(cfg.modes),
+    )
+
+
+def schemes_of(cfg: ExperimentConfig) -> list[str]:
+    """The scheme axis (`scheme=` replaces `schemes`)."""
+    return [cfg.scheme] if cfg.scheme is not None else list(cfg.schemes)
+
+
+def options_of(cfg: ExperimentConfig, scheme: str) -> SchemeOptions:
+    """A scheme's options with the singular keys (`sp_variant=`, `vocab=`, `tp=`) applied."""
+    opts = cfg.scheme_opts.get(scheme) or SchemeOptions()
+    return SchemeOptions(
+        sp_variants=[cfg.sp_variant] if cfg.sp_variant is not None else list(opts.sp_variants),
+        vocabs=[cfg.vocab] if cfg.vocab is not None else list(opts.vocabs),
+        tps=[cfg.tp] if cfg.tp is not None and scheme == "tp_sp" else list(opts.tps),
+        label=opts.label,
+    )
+
+
 def _tps_for(scheme: str, degree: int, opts: SchemeOptions) -> list[int]:
     """tp_sp's tensor degrees at this degree: 0 (auto) and the proper divisors 1 < T < degree in
-    `opts.tps` (T = degree would be TP and T = 1 SP); if none is left, auto."""
+    `opts.tps` (T = degree would be TP and T = 1 SP); if none is left, auto (tspbench.run.checks refuses a
+    T that divides none of the degrees, and a degree that none of the T divides, before this runs)."""
     if scheme != "tp_sp":
         return [0]
     auto = ParallelConfig(scheme="tp_sp", degree=degree).resolved_tp()
@@ -295,4 +352,20 @@ def compose_experiment(overrides: list[str]) -> ExperimentConfig:
     from tspbench import cli
 
     register()
-    return cli.compose("config", overrides)
+    try:
+        return cli.compose("config", overrides)
+    except ConfigError as e:
+        key = str(e).split(" ", 1)[0]
+        if str(e).startswith(f"{key} is not a key") and key in VERIFY_ONLY:
+            raise ConfigError(
+                f"{key} is a `python -m tspbench.verify` key; in an experiment: {VERIFY_ONLY[key]}"
+            ) from None
+        raise
+
+
+VERIFY_ONLY = {
+    "decode_steps": "mode=decode (measured_steps sets the tokens decoded per run)",
+    "optimizer_step": "mode=train (forward + backward + AdamW step) or mode=forward",
+    "grad_bucket_elems": "not settable (the worker uses the default bucket); use verify to test bucketing",
+}
+"""verify's keys that an experiment does not have, and what to type instead (one vocabulary across the CLIs)."""

@@ -9,12 +9,16 @@ Per run (`run_one`):
      as `python -m torch.distributed.run --nproc-per-node N --rdzv-backend c10d ... -m tspbench.run.worker
      --spec FILE` in its own session. Its stdout/stderr are streamed into `<run dir>/<run_id>.log` and
      rank 0's "step i/N tok/s" lines into the progress bar.
+     Before that, the memory check (tspbench.run.memfit): a run whose predicted per-rank peak exceeds the
+     memory it can get is recorded `oom` with both numbers and never started.
   4. Outcome: the worker's rank 0 appends the `ok` record itself. Otherwise the parent appends one:
      `oom` (a rank's status file says so, with the attempted configuration), `failed` (with the log
      tail), `timeout` (no exit within timeout_s: the whole group is killed), or `failed` / "interrupted"
-     on Ctrl-C, after which the experiment stops. Finished records are never touched.
+     on Ctrl-C, after which the experiment stops. A run whose `ok` record is already written when the
+     interrupt arrives gets no failure record. Finished records are never touched.
 
-Resume: runs whose run_id already has an `ok` record in the run dir are skipped unless force=true.
+Resume: runs whose run_id already has an `ok` record in the run dir are skipped unless force=true; a run's
+state is its last record, except that an `ok` is never superseded by an interruption (`current_records`).
 """
 
 from __future__ import annotations
@@ -34,16 +38,19 @@ from pathlib import Path
 
 from tspbench.config import ConfigError, validate_parallel
 from tspbench.paths import package_search_root
-from tspbench.record.schema import base_record
+from tspbench.record.schema import base_record, current_records
 from tspbench.record.spec import RunSpec
 from tspbench.record.store import RESULTS_FILE, append_record, read_records
+from tspbench.run.memfit import memory_refusal
 
 STEP_RE = re.compile(r"\[tspbench\] step (\d+)/(\d+) (\S+) tok/s")
 LOG_TAIL_LINES = 40
 
 
 # ------------------------------------------------------------------------------------------ the grid
-def run_all(specs: list[RunSpec], run_dir: Path, force: bool = False, progress: bool = True) -> list[dict]:
+def run_all(
+    specs: list[RunSpec], run_dir: Path, force: bool = False, progress: bool = True, memory_check: bool = True
+) -> list[dict]:
     """Run every spec (skipping recorded `ok` ones); returns the latest record of each spec, in order.
     KeyboardInterrupt propagates after the interrupted run is recorded."""
     from tqdm import tqdm
@@ -78,7 +85,7 @@ def run_all(specs: list[RunSpec], run_dir: Path, force: bool = False, progress: 
             def on_step(i: int, n: int, tps: str, spec=spec):
                 bar.set_postfix_str(f"{spec.label()}: step {i}/{n} {tps} tok/s")
 
-            rec = run_one(spec, run_dir, on_step, estimated.get(spec.run_id))
+            rec = run_one(spec, run_dir, on_step, estimated.get(spec.run_id), memory_check)
             say(one_line(rec))
             bar.update(1)
     finally:
@@ -111,10 +118,8 @@ def ok_run_ids(results_file: Path) -> set[str]:
 
 
 def latest_records(results_file: Path, run_ids: list[str]) -> list[dict]:
-    """The last record of each run_id (a run may be recorded more than once: failed, then ok)."""
-    last: dict[str, dict] = {}
-    for r in read_records([results_file]):
-        last[str(r.get("run_id"))] = r
+    """The current record of each run_id (a run may be recorded more than once: failed, then ok)."""
+    last = {str(r.get("run_id")): r for r in current_records(read_records([results_file]))}
     return [last[i] for i in run_ids if i in last]
 
 
@@ -147,9 +152,16 @@ def _estimate_safe(spec: RunSpec) -> dict:
     return run_offline(spec, "estimate")
 
 
-def run_one(spec: RunSpec, run_dir: Path, on_step: Callable | None = None, estimated: dict | None = None) -> dict:
+def run_one(
+    spec: RunSpec,
+    run_dir: Path,
+    on_step: Callable | None = None,
+    estimated: dict | None = None,
+    memory_check: bool = True,
+) -> dict:
     """Run one spec to a record (appended to `<run_dir>/results.jsonl`) and return it. `estimated`: an
-    estimated record computed ahead (prefetch_estimates)."""
+    estimated record computed ahead (prefetch_estimates); `memory_check`: refuse a measured run that the
+    cost model says cannot fit (tspbench.run.memfit)."""
     run_dir = Path(run_dir)
     results = run_dir / RESULTS_FILE
     spec.results_file = str(results.resolve())
@@ -173,6 +185,11 @@ def run_one(spec: RunSpec, run_dir: Path, on_step: Callable | None = None, estim
         return _record(results, estimated)
     if execution in ("estimate", "model"):
         return _record(results, run_offline(spec, execution))
+    refusal = memory_refusal(spec) if memory_check else None
+    if refusal is not None:
+        rec = base_record(spec, "oom", refusal.pop("reason"))
+        rec["attempted"] = {**attempted(spec), **refusal}
+        return _record(results, rec)
     return run_measured(spec, run_dir, on_step)
 
 
@@ -290,8 +307,10 @@ def run_measured(spec: RunSpec, run_dir: Path, on_step: Callable | None = None) 
                 kill_group(proc)
             if reader is not None:
                 reader.join(timeout=5)
-            rec = _failure_record(spec, "failed", "interrupted (Ctrl-C); rank group killed", log_file)
-            _record(results, rec)
+            if not any(r.get("run_id") == spec.run_id for r in _records_after(results, offset)):
+                # rank 0 may have written the ok record just before the interrupt: then the run finished
+                rec = _failure_record(spec, "failed", "interrupted (Ctrl-C); rank group killed", log_file)
+                _record(results, rec)
             raise
         reader.join(timeout=10)
 
@@ -347,19 +366,24 @@ def _failure_record(spec: RunSpec, status: str, reason: str, log_file: Path, roo
     rec["log_tail"] = (root or {}).get("traceback") or log_tail(log_file)
     rec["failed_rank"] = (root or {}).get("rank")
     if status == "oom":
-        rec["attempted"] = {
-            "scheme": spec.scheme,
-            "degree": spec.degree,
-            "dp": spec.dp,
-            "tp": spec.tp,
-            "seq_len": spec.seq_len,
-            "batch": spec.batch,
-            "mode": spec.mode,
-            "dtype": spec.dtype,
-            "recompute": spec.recompute,
-            "model": spec.model.get("name"),
-        }
+        rec["attempted"] = attempted(spec)
     return rec
+
+
+def attempted(spec: RunSpec) -> dict:
+    """The configuration of a run that did not fit (an `oom` record's `attempted`)."""
+    return {
+        "scheme": spec.scheme,
+        "degree": spec.degree,
+        "dp": spec.dp,
+        "tp": spec.tp,
+        "seq_len": spec.seq_len,
+        "batch": spec.batch,
+        "mode": spec.mode,
+        "dtype": spec.dtype,
+        "recompute": spec.recompute,
+        "model": spec.model.get("name"),
+    }
 
 
 _AGENT_LOG = re.compile(r"^[WIE]\d{4} .*torch/distributed/elastic/")
