@@ -311,6 +311,7 @@ def options_of(cfg: ExperimentConfig, scheme: str) -> SchemeOptions:
         sp_variants=[cfg.sp_variant] if cfg.sp_variant is not None else list(opts.sp_variants),
         vocabs=[cfg.vocab] if cfg.vocab is not None else list(opts.vocabs),
         tps=[cfg.tp] if cfg.tp is not None and scheme == "tp_sp" else list(opts.tps),
+        msps=list(opts.msps),
         label=opts.label,
     )
 
