@@ -1,6 +1,7 @@
 """The parity matrix: every scheme × D ∈ {2, 3, 4} × {MHA, GQA} × recompute {none, selective, full} in
-float64, D = 8 for tsp and sp, data-parallel replicas (dp = 2, with small gradient buckets so every bucketing
-path runs), the K/V-exchange variants, the embedding / head options, and deliberately broken variants.
+float64, D = 8 for tsp and sp (allgather and ulysses), data-parallel replicas (dp = 2, with small gradient buckets
+so every bucketing path runs), the K/V-exchange variants, the embedding / head options, and deliberately broken
+variants.
 
 Cases are grouped by world size so each group runs in ONE spawned rank group (spawning is the slow part
 on a 2-core machine).
@@ -29,6 +30,7 @@ VARIANTS = {
         ("tp_msp", "allgather", 0),
         ("sp", "allgather", 0),
         ("sp", "ring", 0),
+        ("sp", "ulysses", 0),
         ("tsp", "allgather", 0),
         ("tp_sp", "allgather", 1),
         ("tp_sp", "allgather", 2),
@@ -38,6 +40,7 @@ VARIANTS = {
         ("tp_msp", "allgather", 0),
         ("sp", "allgather", 0),
         ("sp", "ring", 0),
+        ("sp", "ulysses", 0),
         ("tsp", "allgather", 0),
         ("tp_sp", "allgather", 2),
         ("tp_sp", "ring", 2),
@@ -47,6 +50,7 @@ VARIANTS = {
         ("tp_msp", "allgather", 0),
         ("sp", "allgather", 0),
         ("sp", "ring", 0),
+        ("sp", "ulysses", 0),
         ("tsp", "allgather", 0),
         ("tp_sp", "allgather", 1),
         ("tp_sp", "allgather", 3),
@@ -104,6 +108,8 @@ def cases_for_world(world: int) -> list[tuple[VerifyConfig, str | None]]:
         for scheme in ("tsp", "sp"):
             for model in (MHA, GQA8):
                 out.append((_vc(model, scheme, 8), None))
+        for model in (MHA, GQA8):  # Ulysses at D = 8: 8 | n_kv_heads for both
+            out.append((_vc(model, "sp", 8, "ulysses"), None))
     if world in (2, 4):  # the embedding / head options: TSP's vocabulary ring, the TP family replicated
         for model in (MHA, GQA):
             for rc in ("none", "full"):
@@ -124,6 +130,8 @@ def cases_for_world(world: int) -> list[tuple[VerifyConfig, str | None]]:
             (_vc(MHA, "tp_msp", 2), "missing_grad_sync"),
             (_vc(MHA, "sp", 2), "wrong_zigzag_order"),
             (_vc(MHA, "sp", 2), "missing_grad_sync"),
+            (_vc(MHA, "sp", 2, "ulysses"), "ulysses_wrong_dim"),
+            (_vc(GQA, "sp", 2, "ulysses"), "wrong_zigzag_order"),
             (_vc(MHA, "tsp", 2), "skipped_ring_hop"),
             (_vc(MHA, "tsp", 2), "wrong_zigzag_order"),
             (_vc(MHA, "tsp", 2), "no_reduce_to_owner"),
@@ -139,6 +147,7 @@ def cases_for_world(world: int) -> list[tuple[VerifyConfig, str | None]]:
         out += [
             (_vc(MHA, "tsp", 4), "skipped_ring_hop"),
             (_vc(MHA, "tp_sp", 4, tp=2), "wrong_zigzag_order"),
+            (_vc(GQA, "sp", 4, "ulysses"), "ulysses_wrong_dim"),
             (_vc(MHA, "tp_sp", 4, tp=2), "head_input_grad_not_reduced"),
         ]
     return out

@@ -14,7 +14,8 @@ import torch
 SCHEMES = ("single", "tp", "tp_msp", "sp", "tp_sp", "tsp")
 """Scheme names used by configs, results and reports (docs/method.md#naming)."""
 
-SP_VARIANTS = ("allgather", "ring")
+SP_VARIANTS = ("allgather", "ring", "ulysses")
+"""K/V exchange of token-sharded schemes (docs/method.md#choice-sp-variant, #ulysses)."""
 RECOMPUTE = ("none", "selective", "full")
 """none; selective: Megatron's core-attention recompute (the attention kernel re-run in backward, projections
 kept); full: every block recomputed in backward (docs/method.md#choice-recompute)."""
@@ -74,7 +75,9 @@ class ParallelConfig:
     dp: int = 1
     """Data-parallel replicas; world size = dp × degree."""
     sp_variant: str = "allgather"
-    """sp and tp_sp: K/V exchange, allgather (zigzag, default) or ring (peer-to-peer, online softmax)."""
+    """sp: how attention sees the whole sequence: allgather (K/V all-gather, zigzag; default) | ring
+    (peer-to-peer K/V hops, online softmax) | ulysses (DeepSpeed-Ulysses: all-to-all from token shards to head
+    shards and back; n_heads and n_kv_heads divisible by Σ; docs/method.md#ulysses). tp_sp: allgather | ring."""
     recompute: str = "none"
     """Activation recompute: none; selective (Megatron's core-attention recompute: the attention kernel is re-run
     in backward from the saved q, k, v); or full (each block recomputed in backward)."""
@@ -213,6 +216,15 @@ def validate_parallel(
             f"seq_len={seq_len} must be divisible by 2×(sequence degree {s}) = {2 * s} "
             f"for the zigzag layout (scheme={p.scheme}); e.g. seq_len={2 * s * max(1, seq_len // (2 * s))}",
         )
+    if p.sp_variant == "ulysses" and p.scheme == "tp_sp":
+        raise ConfigError("sp_variant=ulysses is an option of scheme=sp; scheme=tp_sp allows sp_variant=allgather|ring")
+    if p.sp_variant == "ulysses" and p.scheme == "sp":
+        for f in ("n_heads", "n_kv_heads"):
+            _need(
+                getattr(m, f) % s == 0,
+                f"sp_variant=ulysses splits heads over the sequence degree Σ={s}: model.{f}={getattr(m, f)} must be "
+                f"divisible by it; allowed degrees: {_divisors(m.n_kv_heads).removeprefix('1, ')}",
+            )
     if p.scheme == "tp_msp":
         _need(seq_len % t == 0, f"seq_len={seq_len} must be divisible by degree={t} for scheme=tp_msp")
 

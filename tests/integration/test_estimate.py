@@ -146,6 +146,39 @@ def test_costmodel_matches_estimate_gqa(scheme, tp, recompute, vocab):
     assert not _near_tie_mismatch(GQA, par, model, est["mem_bytes"]), _within(model, est["mem_bytes"])
 
 
+@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
+def test_costmodel_matches_estimate_ulysses(recompute):
+    """sp_variant=ulysses (docs/method.md#ulysses): head shards of the whole sequence are the local K/V's bytes, so
+    the model keeps no full-sequence K/V; the estimate traces the all-to-alls under the fake process group."""
+    par = ParallelConfig(scheme="sp", degree=4, recompute=recompute, sp_variant="ulysses")
+    est = estimate(GQA, par, 2048, 1, dtype="bfloat16")
+    model = memory_breakdown(GQA, par, 2048, 1, dtype="bfloat16")
+    assert not _near_tie_mismatch(GQA, par, model, est["mem_bytes"]), _within(model, est["mem_bytes"])
+    n, h, g = 2048 / 4, GQA.dim, GQA.gqa_ratio  # two all-to-alls of (h + 2h/g) and h per local token, (Σ−1)/Σ
+    assert est["metrics"]["comm_elems_per_layer_fwd"] == pytest.approx(n * (2 * h + 2 * h / g) * 3 / 4)
+
+
+def test_costmodel_matches_estimate_ulysses_forward():
+    """Forward with an attention-dominated layer (MHA, small vocabulary and MLP): the model's Ulysses working set
+    (local Q, K, V, their received and un-zigzagged head shards, the output twice) is the estimate's peak."""
+    cfg = replace(GQA, vocab_size=64, n_kv_heads=8, ffn_hidden=512)
+    par = ParallelConfig(scheme="sp", degree=4, sp_variant="ulysses")
+    est = estimate(cfg, par, 2048, 1, mode="forward", dtype="bfloat16")["mem_bytes"]
+    model = memory_breakdown(cfg, par, 2048, 1, mode="forward", dtype="bfloat16", kv_cache=False)
+    assert model["total"] == pytest.approx(est["total"], rel=0.02)
+
+
+def test_estimate_matches_real_run_ulysses():
+    """(a) and (b) for sp_variant=ulysses at D = 2: the real gloo all-to-alls and the fake process group's agree."""
+    par = ParallelConfig(scheme="sp", degree=2, sp_variant="ulysses")
+    (real,) = measure([(TINY, par, 64, 1, "train", "float32")])
+    est = json.loads(json.dumps(estimate_summary(TINY, par, 64, 1, dtype="float32", attention="native")))
+    slack = _gloo_slack(real, par)
+    assert not _within(real["mem"], est["mem"], slack=slack), _within(real["mem"], est["mem"], slack=slack)
+    assert est["comm_ops"] == real["comm_ops"] and est["comm"] == real["comm"]
+    assert [o[0] for o in est["comm_ops"] if o[1] == "fwd"] == ["all_to_all", "all_to_all"]
+
+
 def _near_tie_mismatch(cfg, par, model: dict, est: dict, tol: float = 0.05) -> list[str]:
     """The breakdown check, where the peak can fall at either of two moments whose totals are within tol of each
     other (e.g. tp_msp, full recompute, replicated vocabulary: the LM-head backward and the last layer's backward

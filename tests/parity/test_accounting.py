@@ -16,6 +16,8 @@ def formula_fwd(vc) -> float:
     n = vc.degree
     if vc.scheme in ("tp", "tp_msp"):
         return 4 * B * S * h * (n - 1) / n
+    if vc.scheme == "sp" and vc.sp_variant == "ulysses":  # all-to-all of packed [Q; K; V] in, of O out
+        return B * S / n * (2 * h + 2 * h / g) * (n - 1) / n
     if vc.scheme == "sp":
         return 2 * B * S * (h / g) * (n - 1) / n
     if vc.scheme == "tp_sp":
@@ -31,7 +33,8 @@ def formula_fwd(vc) -> float:
 
 def formula_bwd(vc) -> float:
     """No recompute. TP/Megatron-SP mirror their forward collectives; SP/TP×SP reduce-scatter dK/dV (ring:
-    reverse hops of the same size); TSP re-broadcasts and re-gathers (docs/method.md#choice-backward), reduces dW
+    reverse hops of the same size); Ulysses runs the inverse all-to-alls of the gradients (the same); TSP
+    re-broadcasts and re-gathers (docs/method.md#choice-backward), reduces dW
     to owners, reduce-scatters dK/dV and runs a second weight ring plus a gradient ring: 2W + 2K."""
     f = formula_fwd(vc)
     return 2 * f if vc.scheme == "tsp" else f
@@ -57,6 +60,8 @@ def selective_replay(vc) -> float:
     """recompute=selective re-runs the core attention in backward, and for token-sharded schemes the core
     includes the K/V exchange (TransformerEngine's context-parallel attention): one more forward K/V volume."""
     if vc.scheme not in ("sp", "tp_sp") or (vc.scheme == "tp_sp" and vc.degree == vc.tp):
+        return 0.0
+    if vc.sp_variant == "ulysses":  # the all-to-alls stay outside the recomputed kernel (docs/method.md#ulysses)
         return 0.0
     m, n = vc.model, vc.degree
     t = vc.tp if vc.scheme == "tp_sp" else 1
@@ -91,6 +96,22 @@ def test_collective_pattern(parity_results, cid):
         bwd = [o[0] for o in ops if o[1] == "bwd"]
         assert bwd.count("reduce") == D and bwd.count("reduce_scatter") == D
         assert bwd.count("send_recv") == 2 * (D - 1)  # weight ring + gradient ring
+
+
+@pytest.mark.parametrize(
+    "cid", [c for c in CASES if ALL[c][1].recompute == "none" and ALL[c][1].sp_variant == "ulysses"]
+)
+def test_ulysses_collective_pattern(parity_results, cid):
+    """Ulysses: exactly two all-to-alls per layer forward (packed [Q; K; V] to head shards, O back), their inverses
+    backward, each receiving (Σ−1)/Σ of its buffer: (h + 2h/g)·B·S/Σ elements in, h·B·S/Σ out."""
+    world, vc, _ = ALL[cid]
+    m, n = vc.model, vc.degree
+    tokens = vc.batch * vc.seq_len / n
+    qkv, o = tokens * (m.dim + 2 * m.dim * m.n_kv_heads / m.n_heads), tokens * m.dim
+    ops = parity_results(world)[cid]["comm_ops_layer0"]
+    for phase, sizes in (("fwd", [qkv, o]), ("bwd", [o, qkv])):
+        got = [(op[0], op[2], op[3]) for op in ops if op[1] == phase]
+        assert got == [("all_to_all", size, size * (n - 1) / n) for size in sizes]
 
 
 EDGE_CASES = [

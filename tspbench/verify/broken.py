@@ -149,6 +149,26 @@ def perturbed_replica_grad():
         yield
 
 
+@contextlib.contextmanager
+def ulysses_wrong_dim():
+    """Ulysses all-to-all on the wrong dimension: the received chunks are concatenated along the dimension after
+    the gather dimension (the batch instead of the sequence) and reshaped to the expected shape: shapes stay
+    right, tokens and heads are scrambled."""
+    from tspbench.schemes.comm import Comm
+
+    real = Comm.all_to_all
+
+    def all_to_all(self, x, scatter_dim, gather_dim):
+        out = real(self, x, scatter_dim, gather_dim + 1)
+        shape = list(x.shape)
+        shape[scatter_dim] //= self.size
+        shape[gather_dim] *= self.size
+        return out.reshape(shape)
+
+    with mock.patch.object(Comm, "all_to_all", all_to_all):
+        yield
+
+
 BREAKAGES = {
     "missing_allreduce": missing_allreduce,
     "wrong_zigzag_order": wrong_zigzag_order,
@@ -160,4 +180,5 @@ BREAKAGES = {
     "decode_cached_everywhere": decode_cached_everywhere,
     "ring_head_local_softmax": ring_head_local_softmax,
     "perturbed_replica_grad": perturbed_replica_grad,
+    "ulysses_wrong_dim": ulysses_wrong_dim,
 }

@@ -28,11 +28,13 @@ def comm_per_layer(
     Forward (bandwidth-optimal collectives, N = B·S):
         tp, tp_msp  activations 4·N·h·(T−1)/T          (2 all-reduces, or 2 all-gather + reduce-scatter pairs)
         sp          kv          2·N·(h/g)·(Σ−1)/Σ      (all-gather of K and V)
+        sp ulysses  heads       (N/Σ)·(2h + 2h/g)·(Σ−1)/Σ  (all-to-all of [Q; K; V] in, of O out; #ulysses)
         tp_sp       activations 4·(N/Σ)·h·(T−1)/T  +  kv 2·N·(h/(g·T))·(Σ−1)/Σ
         tsp         weights     W·(D−1)/D              (attention broadcasts + MLP ring)
                     kv          2·N·(h/g)·(D−1)/D
     Backward, no recompute: TP repeats its all-reduces; SP/TP×SP reduce-scatter dK/dV (= kv); TSP re-sends
-    the weights (W) and reduces the weight gradients to their owners (W) and reduce-scatters dK/dV (K), so
+    the weights (W) and reduces the weight gradients to their owners (W) and reduce-scatters dK/dV (K); Ulysses
+    runs the inverse all-to-alls of the gradients (= heads, and selective recompute replays none of them), so
     TSP is 3W + 2K forward + backward. `regather_kv=True` adds one K/V all-gather to the backward of
     sp/tp_sp/tsp (docs/method.md#choice-backward default; the 3W + 2K of docs/method.md#communication keeps K/V
     instead). Full recompute adds one more forward. `grad_sync` is per step, not per layer: the all-reduce over the
@@ -40,12 +42,15 @@ def comm_per_layer(
     2·n·(p−1)/p received).
     """
     lay, h, g, n = layout(par), model.dim, model.gqa_ratio, batch * seq_len
-    zero = {"weights": 0.0, "kv": 0.0, "activations": 0.0}
+    zero = {"weights": 0.0, "kv": 0.0, "activations": 0.0, "heads": 0.0}
     fwd = dict(zero)
     s = par.scheme
     if s in ("tp", "tp_msp", "tp_sp"):
         fwd["activations"] = 4 * (n / lay.sp) * h * (lay.tp - 1) / lay.tp
-    if s in ("sp", "tp_sp"):
+    ulysses = s == "sp" and par.sp_variant == "ulysses"
+    if ulysses:
+        fwd["heads"] = (n / lay.sp) * (2 * h + 2 * h / g) * (lay.sp - 1) / lay.sp
+    elif s in ("sp", "tp_sp"):
         fwd["kv"] = 2 * n * h / (g * lay.tp) * (lay.sp - 1) / lay.sp
     if s == "tsp":
         d = par.degree
@@ -57,6 +62,7 @@ def comm_per_layer(
         bwd["activations"] = fwd["activations"]  # TP: all-reduces (or AG/RS) mirrored
         bwd["kv"] = fwd["kv"] * (2 if regather_kv else 1)  # dK/dV reduce-scatter (+ re-gather)
         bwd["weights"] = 2 * fwd["weights"]  # TSP: weight re-send + weight-grad reduce
+        bwd["heads"] = fwd["heads"]  # Ulysses: the inverse all-to-alls of dO and d[Q; K; V]
         if par.recompute == "full":
             bwd = {key: bwd[key] + fwd[key] for key in bwd}  # one more forward's worth
         elif par.recompute == "selective" and s in ("sp", "tp_sp"):

@@ -10,7 +10,8 @@ shapes): it agrees to < 0.1% for llama7b, 16K and 128K, D = 8, every scheme, and
 models, B > 1, fp32 and dp > 1 (tests/test_estimate.py). Per layer without recompute a rank saves (per
 token of its residual stream / GEMM input, b = dtype bytes): two RMSNorms at 4h + b·h bytes (fp32 input
 copy + normalised tensor), the attention input h·b, Q h/T·b, K and V 2h/(gT)·b (full-sequence copies after
-a K/V all-gather), the output h/T·b (twice on the zigzag path), fp32 log-sum-exp and RoPE tables, the MLP
+a K/V all-gather; Ulysses' head shards are the local size, docs/method.md#ulysses), the output h/T·b (twice on
+the zigzag path), fp32 log-sum-exp and RoPE tables, the MLP
 input h·b and gate, up, product 3·ffn/T·b (model.silu_mul keeps gate and up only, as Megatron's fused SwiGLU); TSP
 checkpoints its owner steps and its MLP ring, so it keeps only the two norms, the attention and MLP inputs and the
 packed attention shard. Full recompute keeps each block's input (h·b per residual token) and rebuilds one block in
@@ -47,8 +48,9 @@ class Geometry:
     n_gemm: float  # tokens entering the attention / MLP GEMMs (tp_msp all-gathers them to B·S)
     n_loss: float  # tokens through the LM head and loss (the final norm runs on n_res)
     t: int  # head / channel split of the block weights (tsp: handled whole-layer, see below)
-    kv_tokens: float  # tokens of the K/V a rank attends with after the exchange (0: its own, no exchange)
-    chunked: bool  # attention via layout.attend_shard: per-chunk SDPA + cat, so W_O saves a flattened copy
+    kv_tokens: float  # tokens of the K/V a rank attends with after the exchange (0: its own or, Ulysses, the same
+    # bytes as head shards of the whole sequence)
+    chunked: bool  # W_O saves a flattened copy of the kernel output (attend_shard's cat; Ulysses' all-to-all back)
     gathered_inputs: bool  # the GEMM inputs are all-gather outputs (tp_msp): communication buffers
     batch: int = 1  # micro-batch B (tp_msp with B > 1: see `gemm_input_copies`)
 
@@ -67,8 +69,8 @@ def geometry(par: ParallelConfig, seq_len: int, batch: int) -> Geometry:
         return Geometry(n, n, n, d, 0, False, False, batch)
     if s == "tp_msp":  # the vocabulary-parallel head gathers the sequence; a replicated one runs on S/T tokens
         return Geometry(n / d, n, n if par.vocab_degree > 1 else n / d, d, 0, False, True, batch)
-    if s == "sp":
-        return Geometry(n / d, n / d, n / d, 1, n, True, False, batch)
+    if s == "sp":  # Ulysses attends with head shards of the whole sequence: the local K/V's bytes (#ulysses)
+        return Geometry(n / d, n / d, n / d, 1, 0 if par.sp_variant == "ulysses" else n, True, False, batch)
     if s == "tp_sp":
         t, sig = par.tp_degree, par.sp_degree
         return Geometry(n / sig, n / sig, n / sig, t, n if sig > 1 else 0, True, False, batch)
@@ -298,6 +300,9 @@ def memory_phases(
             geo.n_res * h * b + geo.n_gemm * h * b + 3 * ffn_a,  # SwiGLU: silu(gate), up, product
             geo.n_res * h * b + 2 * 2 * (geo.kv_tokens or geo.n_gemm) * h / (model.gqa_ratio * geo.t) * b,
         )
+        if par.scheme == "sp" and par.sp_variant == "ulysses":  # block input, its norm, local Q/K/V, their head
+            # shards as received and un-zigzagged, the kernel output and its re-zigzagged copy (ops/ulysses.py)
+            layer = max(layer, geo.n_res * (4 * h + 3 * (h + 2 * h / model.gqa_ratio)) * b)
         kv = kv_cache_bytes(model, par, seq_len, batch, dtype) if kv_cache else 0.0
         return {
             "head": phase(temporaries=logits + geo.n_res * h * b, kv_cache=kv),
