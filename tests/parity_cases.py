@@ -44,6 +44,7 @@ VARIANTS = {
         ("tsp", "allgather", 0),
         ("tp_sp", "allgather", 2),
         ("tp_sp", "ring", 2),
+        ("tp_sp", "ulysses", 2),
     ],
     3: [
         ("tp", "allgather", 0),

@@ -77,7 +77,8 @@ class ParallelConfig:
     sp_variant: str = "allgather"
     """sp: how attention sees the whole sequence: allgather (K/V all-gather, zigzag; default) | ring
     (peer-to-peer K/V hops, online softmax) | ulysses (DeepSpeed-Ulysses: all-to-all from token shards to head
-    shards and back; n_heads and n_kv_heads divisible by Σ; docs/method.md#ulysses). tp_sp: allgather | ring."""
+    shards and back; n_heads and n_kv_heads divisible by Σ, by T·Σ in tp_sp; docs/method.md#ulysses); the same
+    three for tp_sp's Σ axis."""
     recompute: str = "none"
     """Activation recompute: none; selective (Megatron's core-attention recompute: the attention kernel is re-run
     in backward from the saved q, k, v); or full (each block recomputed in backward)."""
@@ -216,14 +217,14 @@ def validate_parallel(
             f"seq_len={seq_len} must be divisible by 2×(sequence degree {s}) = {2 * s} "
             f"for the zigzag layout (scheme={p.scheme}); e.g. seq_len={2 * s * max(1, seq_len // (2 * s))}",
         )
-    if p.sp_variant == "ulysses" and p.scheme == "tp_sp":
-        raise ConfigError("sp_variant=ulysses is an option of scheme=sp; scheme=tp_sp allows sp_variant=allgather|ring")
-    if p.sp_variant == "ulysses" and p.scheme == "sp":
+    if p.sp_variant == "ulysses" and p.scheme in ("sp", "tp_sp"):
+        split = f"T·Σ={t * s}" if p.scheme == "tp_sp" else f"the sequence degree Σ={s}"  # tp_sp: n/T heads over Σ
+        allowed = _divisors(m.n_kv_heads).removeprefix("1, ")
         for f in ("n_heads", "n_kv_heads"):
             _need(
-                getattr(m, f) % s == 0,
-                f"sp_variant=ulysses splits heads over the sequence degree Σ={s}: model.{f}={getattr(m, f)} must be "
-                f"divisible by it; allowed degrees: {_divisors(m.n_kv_heads).removeprefix('1, ')}",
+                getattr(m, f) % (t * s) == 0,
+                f"sp_variant=ulysses splits heads over {split}: model.{f}={getattr(m, f)} must be divisible by it; "
+                f"allowed {'T·Σ' if p.scheme == 'tp_sp' else 'degrees'}: {allowed}",
             )
     if p.scheme == "tp_msp":
         _need(seq_len % t == 0, f"seq_len={seq_len} must be divisible by degree={t} for scheme=tp_msp")

@@ -146,23 +146,28 @@ def test_costmodel_matches_estimate_gqa(scheme, tp, recompute, vocab):
     assert not _near_tie_mismatch(GQA, par, model, est["mem_bytes"]), _within(model, est["mem_bytes"])
 
 
+@pytest.mark.parametrize("scheme,tp", [("sp", 0), ("tp_sp", 2)])
 @pytest.mark.parametrize("recompute", ["none", "selective", "full"])
-def test_costmodel_matches_estimate_ulysses(recompute):
+def test_costmodel_matches_estimate_ulysses(scheme, tp, recompute):
     """sp_variant=ulysses (docs/method.md#ulysses): head shards of the whole sequence are the local K/V's bytes, so
     the model keeps no full-sequence K/V; the estimate traces the all-to-alls under the fake process group."""
-    par = ParallelConfig(scheme="sp", degree=4, recompute=recompute, sp_variant="ulysses")
+    par = ParallelConfig(scheme=scheme, degree=4, tp=tp, recompute=recompute, sp_variant="ulysses")
     est = estimate(GQA, par, 2048, 1, dtype="bfloat16")
     model = memory_breakdown(GQA, par, 2048, 1, dtype="bfloat16")
     assert not _near_tie_mismatch(GQA, par, model, est["mem_bytes"]), _within(model, est["mem_bytes"])
-    n, h, g = 2048 / 4, GQA.dim, GQA.gqa_ratio  # two all-to-alls of (h + 2h/g) and h per local token, (Σ−1)/Σ
-    assert est["metrics"]["comm_elems_per_layer_fwd"] == pytest.approx(n * (2 * h + 2 * h / g) * 3 / 4)
+    t, sig = par.tp_degree, par.sp_degree
+    n, h, g = 2048 / sig, GQA.dim, GQA.gqa_ratio  # two all-to-alls of (h + 2h/g)/T and h/T per local token
+    tp_ar = 4 * n * h * (t - 1) / t  # tp_sp: the T axis's two all-reduces
+    want = tp_ar + n * (2 * h + 2 * h / g) / t * (sig - 1) / sig
+    assert est["metrics"]["comm_elems_per_layer_fwd"] == pytest.approx(want)
 
 
-def test_costmodel_matches_estimate_ulysses_forward():
+@pytest.mark.parametrize("scheme,tp", [("sp", 0), ("tp_sp", 2)])
+def test_costmodel_matches_estimate_ulysses_forward(scheme, tp):
     """Forward with an attention-dominated layer (MHA, small vocabulary and MLP): the model's Ulysses working set
     (local Q, K, V, their received and un-zigzagged head shards, the output twice) is the estimate's peak."""
     cfg = replace(GQA, vocab_size=64, n_kv_heads=8, ffn_hidden=512)
-    par = ParallelConfig(scheme="sp", degree=4, sp_variant="ulysses")
+    par = ParallelConfig(scheme=scheme, degree=4, tp=tp, sp_variant="ulysses")
     est = estimate(cfg, par, 2048, 1, mode="forward", dtype="bfloat16")["mem_bytes"]
     model = memory_breakdown(cfg, par, 2048, 1, mode="forward", dtype="bfloat16", kv_cache=False)
     assert model["total"] == pytest.approx(est["total"], rel=0.02)

@@ -20,6 +20,10 @@ def formula_fwd(vc) -> float:
         return B * S / n * (2 * h + 2 * h / g) * (n - 1) / n
     if vc.scheme == "sp":
         return 2 * B * S * (h / g) * (n - 1) / n
+    if vc.scheme == "tp_sp" and vc.sp_variant == "ulysses":  # the T axis's 2 all-reduces + Ulysses on n/T heads
+        t = vc.tp
+        s = n // t
+        return 4 * B * (S / s) * h * (t - 1) / t + B * S / s * (2 * h + 2 * h / g) / t * (s - 1) / s
     if vc.scheme == "tp_sp":
         t = vc.tp
         s = n // t
@@ -105,12 +109,13 @@ def test_ulysses_collective_pattern(parity_results, cid):
     """Ulysses: exactly two all-to-alls per layer forward (packed [Q; K; V] to head shards, O back), their inverses
     backward, each receiving (Σ−1)/Σ of its buffer: (h + 2h/g)·B·S/Σ elements in, h·B·S/Σ out."""
     world, vc, _ = ALL[cid]
-    m, n = vc.model, vc.degree
+    m, t = vc.model, vc.tp or 1
+    n = vc.degree // t  # Σ
     tokens = vc.batch * vc.seq_len / n
-    qkv, o = tokens * (m.dim + 2 * m.dim * m.n_kv_heads / m.n_heads), tokens * m.dim
+    qkv, o = tokens * (m.dim + 2 * m.dim * m.n_kv_heads / m.n_heads) / t, tokens * m.dim / t  # tp_sp: n/T heads
     ops = parity_results(world)[cid]["comm_ops_layer0"]
     for phase, sizes in (("fwd", [qkv, o]), ("bwd", [o, qkv])):
-        got = [(op[0], op[2], op[3]) for op in ops if op[1] == phase]
+        got = [(op[0], op[2], op[3]) for op in ops if op[1] == phase and op[0] != "all_reduce"]
         assert got == [("all_to_all", size, size * (n - 1) / n) for size in sizes]
 
 

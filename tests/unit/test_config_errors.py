@@ -23,7 +23,7 @@ BAD = [
     (["scheme=sp", "sp_variant=swap"], "allowed: allgather, ring, ulysses"),
     (["scheme=sp", "degree=3", "seq_len=36", "sp_variant=ulysses"], "sp_variant=ulysses splits heads"),
     (["scheme=sp", "degree=4", "model.n_kv_heads=2", "sp_variant=ulysses"], "model.n_kv_heads=2 must be divisible"),
-    (["scheme=tp_sp", "degree=4", "tp=2", "sp_variant=ulysses"], "allows sp_variant=allgather|ring"),
+    (["scheme=tp_sp", "degree=8", "tp=2", "model.n_kv_heads=4", "sp_variant=ulysses"], "T·Σ=8: model.n_kv_heads=4"),
     (["scheme=tp", "recompute=partial"], "allowed: none, selective, full"),
     (["dtype=float16"], "allowed: float64, float32, bfloat16"),
     (["model.n_kv_heads=3"], "model.n_kv_heads=3 must divide model.n_heads=8"),

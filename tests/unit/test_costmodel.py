@@ -118,17 +118,18 @@ def test_collective_schedule_matches_closed_form(scheme, degree, tp, mode, recom
         assert received - received_elems(op, p, n) != pytest.approx(c["fwd_total"] + c["bwd_total"])
 
 
+@pytest.mark.parametrize("scheme,tp", [("sp", 0), ("tp_sp", 2)])
 @pytest.mark.parametrize("mode,recompute", [("forward", "none"), ("train", "none"), ("train", "full")])
-def test_ulysses_schedule_matches_closed_form(mode, recompute):
-    # sp_variant=ulysses: 2 all-to-alls forward, their inverses backward (docs/method.md#ulysses)
-    par = ParallelConfig(scheme="sp", degree=8, sp_variant="ulysses", recompute=recompute)
+def test_ulysses_schedule_matches_closed_form(scheme, tp, mode, recompute):
+    # sp_variant=ulysses: 2 all-to-alls forward, their inverses backward (docs/method.md#ulysses); tp_sp on n/T heads
+    par = ParallelConfig(scheme=scheme, degree=8, tp=tp, sp_variant="ulysses", recompute=recompute)
     colls = layer_collectives(LLAMA7B, par, 8192, 2, mode=mode)
     received = sum(count * received_elems(op, p, n) for op, p, n, _, count in colls)
     c = comm_per_layer(LLAMA7B, par, 8192, 2, mode=mode)
     assert received == pytest.approx(c["fwd_total"] + c["bwd_total"])
-    n, h = 8192 * 2, LLAMA7B.dim
-    assert c["fwd"]["heads"] == pytest.approx(n / 8 * (2 * h + 2 * h / LLAMA7B.gqa_ratio) * 7 / 8)
-    assert c["fwd"]["kv"] == 0 and {op for op, *_ in colls} == {"alltoall"}
+    t, sig, n, h = par.tp_degree, par.sp_degree, 8192 * 2, LLAMA7B.dim
+    assert c["fwd"]["heads"] == pytest.approx(n / sig * (2 * h + 2 * h / LLAMA7B.gqa_ratio) / t * (sig - 1) / sig)
+    assert c["fwd"]["kv"] == 0 and {op for op, *_ in colls} == ({"alltoall", "allreduce"} if t > 1 else {"alltoall"})
     selective = comm_per_layer(LLAMA7B, replace(par, recompute="selective"), 8192, 2, mode="train")
     assert (
         selective["bwd_total"]

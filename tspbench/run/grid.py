@@ -58,8 +58,8 @@ class SchemeOptions:
     """Per-scheme defaults (conf/scheme_opts/<name>.yaml, merged into `scheme_opts.<name>`)."""
 
     sp_variants: list[str] = field(default_factory=lambda: ["allgather"])
-    """sp and tp_sp: K/V exchange variants to run (allgather | ring | ulysses, ulysses for sp only;
-    docs/method.md#ulysses); ignored by the other schemes."""
+    """sp and tp_sp: K/V exchange variants to run (allgather | ring | ulysses, docs/method.md#ulysses); ignored by
+    the other schemes."""
     vocabs: list[str] = field(default_factory=lambda: ["auto"])
     """Embedding / LM-head layouts to run (ParallelConfig.vocab: auto | replicated | ring, ring for tsp only),
     e.g. `scheme_opts.tsp.vocabs=[auto,ring]` or `scheme_opts.tp.vocabs=[auto,replicated]`."""
@@ -171,11 +171,6 @@ def validate_experiment(cfg: ExperimentConfig) -> None:
     for name, opts in cfg.scheme_opts.items():
         for v in opts.sp_variants:
             _one_of(f"scheme_opts.{name}.sp_variants", v, SP_VARIANTS)
-            if v == "ulysses" and name != "sp":
-                raise ConfigError(
-                    f"scheme_opts.{name}.sp_variants=ulysses: Ulysses is implemented for sp only; "
-                    f"allowed for {name}: allgather, ring"
-                )
         for v in opts.vocabs:
             _one_of(f"scheme_opts.{name}.vocabs", v, VOCAB)
             if v == "ring" and name != "tsp":

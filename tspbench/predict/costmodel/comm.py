@@ -29,6 +29,7 @@ def comm_per_layer(
         tp, tp_msp  activations 4·N·h·(T−1)/T          (2 all-reduces, or 2 all-gather + reduce-scatter pairs)
         sp          kv          2·N·(h/g)·(Σ−1)/Σ      (all-gather of K and V)
         sp ulysses  heads       (N/Σ)·(2h + 2h/g)·(Σ−1)/Σ  (all-to-all of [Q; K; V] in, of O out; #ulysses)
+                    (tp_sp ulysses: the same on the n/T local heads, ÷ T, beside the T axis's activations)
         tp_sp       activations 4·(N/Σ)·h·(T−1)/T  +  kv 2·N·(h/(g·T))·(Σ−1)/Σ
         tsp         weights     W·(D−1)/D              (attention broadcasts + MLP ring)
                     kv          2·N·(h/g)·(D−1)/D
@@ -47,9 +48,9 @@ def comm_per_layer(
     s = par.scheme
     if s in ("tp", "tp_msp", "tp_sp"):
         fwd["activations"] = 4 * (n / lay.sp) * h * (lay.tp - 1) / lay.tp
-    ulysses = s == "sp" and par.sp_variant == "ulysses"
+    ulysses = s in ("sp", "tp_sp") and par.sp_variant == "ulysses"
     if ulysses:
-        fwd["heads"] = (n / lay.sp) * (2 * h + 2 * h / g) * (lay.sp - 1) / lay.sp
+        fwd["heads"] = (n / lay.sp) * (2 * h + 2 * h / g) / lay.tp * (lay.sp - 1) / lay.sp
     elif s in ("sp", "tp_sp"):
         fwd["kv"] = 2 * n * h / (g * lay.tp) * (lay.sp - 1) / lay.sp
     if s == "tsp":
@@ -65,7 +66,7 @@ def comm_per_layer(
         bwd["heads"] = fwd["heads"]  # Ulysses: the inverse all-to-alls of dO and d[Q; K; V]
         if par.recompute == "full":
             bwd = {key: bwd[key] + fwd[key] for key in bwd}  # one more forward's worth
-        elif par.recompute == "selective" and s in ("sp", "tp_sp"):
+        elif par.recompute == "selective" and s in ("sp", "tp_sp") and not ulysses:
             bwd["kv"] += fwd["kv"]  # the K/V exchange is part of the recomputed core attention
     elif mode != "forward":
         raise ValueError(f"mode={mode!r} is unknown; allowed: train, forward")

@@ -73,7 +73,8 @@ def geometry(par: ParallelConfig, seq_len: int, batch: int) -> Geometry:
         return Geometry(n / d, n / d, n / d, 1, 0 if par.sp_variant == "ulysses" else n, True, False, batch)
     if s == "tp_sp":
         t, sig = par.tp_degree, par.sp_degree
-        return Geometry(n / sig, n / sig, n / sig, t, n if sig > 1 else 0, True, False, batch)
+        kv = n if sig > 1 and par.sp_variant != "ulysses" else 0
+        return Geometry(n / sig, n / sig, n / sig, t, kv, True, False, batch)
     if s == "tsp":
         return Geometry(n / d, n / d, n / d, 1, n, True, False, batch)
     raise ValueError(f"scheme={s!r} is unknown")
@@ -300,9 +301,10 @@ def memory_phases(
             geo.n_res * h * b + geo.n_gemm * h * b + 3 * ffn_a,  # SwiGLU: silu(gate), up, product
             geo.n_res * h * b + 2 * 2 * (geo.kv_tokens or geo.n_gemm) * h / (model.gqa_ratio * geo.t) * b,
         )
-        if par.scheme == "sp" and par.sp_variant == "ulysses":  # block input, its norm, local Q/K/V, their head
-            # shards as received and un-zigzagged, the kernel output and its re-zigzagged copy (ops/ulysses.py)
-            layer = max(layer, geo.n_res * (4 * h + 3 * (h + 2 * h / model.gqa_ratio)) * b)
+        if par.scheme in ("sp", "tp_sp") and par.sp_variant == "ulysses":  # block input, its norm, local Q/K/V,
+            # their head shards as received and un-zigzagged, the kernel output and its re-zigzagged copy
+            qkv = 3 * (h + 2 * h / model.gqa_ratio) / geo.t
+            layer = max(layer, geo.n_res * (2 * h + qkv + 2 * h / geo.t) * b)
         kv = kv_cache_bytes(model, par, seq_len, batch, dtype) if kv_cache else 0.0
         return {
             "head": phase(temporaries=logits + geo.n_res * h * b, kv_cache=kv),

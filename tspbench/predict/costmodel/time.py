@@ -86,8 +86,11 @@ def layer_collectives(
     elif s == "tp_msp":
         fwd += [("allgather", t, n * h, t, 2), ("reduce_scatter", t, n * h, t, 2)]
         bwd += fwd
-    elif s == "sp" and par.sp_variant == "ulysses":  # [Q; K; V] to head shards, O back (docs/method.md#ulysses)
-        fwd += [("alltoall", sig, n / sig * (h + 2 * h / g), sig, 1), ("alltoall", sig, n / sig * h, sig, 1)]
+    elif s in ("sp", "tp_sp") and par.sp_variant == "ulysses":  # [Q; K; V] to head shards, O back (#ulysses)
+        if t > 1:
+            fwd += [("allreduce", t, n / sig * h, t, 2)]
+        qkv, o = n / sig * (h + 2 * h / g) / t, n / sig * h / t
+        fwd += [("alltoall", sig, qkv, t * sig, 1), ("alltoall", sig, o, t * sig, 1)]
         bwd += fwd
     elif s in ("sp", "tp_sp"):
         kv = ("allgather", sig, 2 * n * h / (g * t), t * sig, 1)  # K and V packed

@@ -1,4 +1,5 @@
-"""DeepSpeed-Ulysses attention for token-sharded ranks (`sp_variant=ulysses`, docs/method.md#ulysses).
+"""DeepSpeed-Ulysses attention for token-sharded ranks (`sp_variant=ulysses` of sp, and of tp_sp's Σ axis on its
+n/T heads; docs/method.md#ulysses).
 
 Jacobs et al. 2023 (arXiv:2309.14509), DeepSpeed `sequence/layer.py` DistributedAttention: instead of moving K/V
 along the sequence, exchange heads. Every rank holds all heads of S/Σ tokens; one all-to-all turns that into
@@ -11,7 +12,7 @@ independent), and a second all-to-all turns the output back into token shards:
           query group j uses exactly K/V group j because both are split into Σ contiguous blocks)
     out   re-zigzag to rank order, all-to-all (rank j gets its S/Σ tokens of my heads) → [B, n_q, S/Σ, d]
 
-Needs n_q and n_kv divisible by Σ (config.validate_parallel). Communication per layer, received per rank
+Needs n_q and n_kv divisible by Σ (tp_sp: by T·Σ; config.validate_parallel). Communication per layer, received per rank
 (N = B·S): forward (N/Σ)·(h + 2h/g)·(Σ−1)/Σ in + (N/Σ)·h·(Σ−1)/Σ out = (N/Σ)·(2h + 2h/g)·(Σ−1)/Σ; backward the
 inverse all-to-alls of the gradients, the same. Independent of Σ's growth as 1/Σ, unlike the K/V all-gather's
 2·N·(h/g)·(Σ−1)/Σ (docs/method.md#ulysses).
