@@ -1,7 +1,8 @@
 """The parity matrix: every scheme × D ∈ {2, 3, 4} × {MHA, GQA} × recompute {none, selective, full} in
-float64, D = 8 for tsp, sp, fsdp_sp and tp_sp (T2Σ4, T4Σ2), D = 6 for tp_sp (T2Σ3, T3Σ2), tp_sp with Megatron-SP
-on T (the default) and without (`-plain`, the ablation), data-parallel replicas (dp = 2, with small gradient buckets
-so every bucketing path runs), the K/V-exchange variants, the embedding / head options, and broken variants.
+float64, D = 8 for tsp, sp (allgather and ulysses), fsdp_sp and tp_sp (T2Σ4, T4Σ2), D = 6 for tp_sp (T2Σ3, T3Σ2), tp_sp
+with Megatron-SP on T (the default) and without (`-plain`, the ablation), data-parallel replicas (dp = 2, with small
+gradient buckets so every bucketing path runs), the K/V-exchange variants, the embedding / head options, and broken
+variants.
 
 Cases are grouped by world size so each group runs in ONE spawned rank group (spawning is the slow part
 on a 2-core machine).
@@ -39,6 +40,7 @@ VARIANTS = {
         ("tp_msp", "allgather", 0),
         ("sp", "allgather", 0),
         ("sp", "ring", 0),
+        ("sp", "ulysses", 0),
         ("tsp", "allgather", 0),
         ("tp_sp", "allgather", 1),
         ("tp_sp", "allgather", 2),
@@ -49,17 +51,20 @@ VARIANTS = {
         ("tp_msp", "allgather", 0),
         ("sp", "allgather", 0),
         ("sp", "ring", 0),
+        ("sp", "ulysses", 0),
         ("tsp", "allgather", 0),
         ("tp_sp", "allgather", 2),
         ("tp_sp", "ring", 2),
         ("fsdp_sp", "allgather", 0),
         ("fsdp_sp", "ring", 0),
+        ("tp_sp", "ulysses", 2),
     ],
     3: [
         ("tp", "allgather", 0),
         ("tp_msp", "allgather", 0),
         ("sp", "allgather", 0),
         ("sp", "ring", 0),
+        ("sp", "ulysses", 0),
         ("tsp", "allgather", 0),
         ("tp_sp", "allgather", 1),
         ("tp_sp", "allgather", 3),
@@ -123,6 +128,8 @@ def cases_for_world(world: int) -> list[tuple[VerifyConfig, str | None]]:
         for scheme in ("tsp", "sp", "fsdp_sp"):
             for model in (MHA, GQA8):
                 out.append((_vc(model, scheme, 8), None))
+        for model in (MHA, GQA8):  # Ulysses at D = 8: 8 | n_kv_heads for both
+            out.append((_vc(model, "sp", 8, "ulysses"), None))
         # tp_sp with Megatron-SP on T at both factorisations of 8; the plain ablation once
         for tp, model_rc in (
             (2, [(MHA, rc) for rc in RECOMPUTE] + [(GQA8, "none")]),
@@ -170,6 +177,8 @@ def cases_for_world(world: int) -> list[tuple[VerifyConfig, str | None]]:
             (_vc(MHA, "tp_msp", 2), "missing_grad_sync"),
             (_vc(MHA, "sp", 2), "wrong_zigzag_order"),
             (_vc(MHA, "sp", 2), "missing_grad_sync"),
+            (_vc(MHA, "sp", 2, "ulysses"), "ulysses_wrong_dim"),
+            (_vc(GQA, "sp", 2, "ulysses"), "wrong_zigzag_order"),
             (_vc(MHA, "tsp", 2), "skipped_ring_hop"),
             (_vc(MHA, "tsp", 2), "wrong_zigzag_order"),
             (_vc(MHA, "tsp", 2), "no_reduce_to_owner"),
@@ -193,6 +202,7 @@ def cases_for_world(world: int) -> list[tuple[VerifyConfig, str | None]]:
             (_vc(KV2, "tsp", 4), "kv_head_wrong_group"),
             (_vc(KV2, "tp", 4), "kv_head_wrong_group"),
             (_vc(GQA, "fsdp_sp", 2, dp=2), "fsdp_no_reduce_scatter"),
+            (_vc(GQA, "sp", 4, "ulysses"), "ulysses_wrong_dim"),
         ]
     return out
 

@@ -14,7 +14,8 @@ import torch
 SCHEMES = ("single", "tp", "tp_msp", "sp", "tp_sp", "tsp", "fsdp_sp")
 """Scheme names used by configs, results and reports (docs/method.md#naming)."""
 
-SP_VARIANTS = ("allgather", "ring")
+SP_VARIANTS = ("allgather", "ring", "ulysses")
+"""K/V exchange of token-sharded schemes (docs/method.md#choice-sp-variant, #ulysses)."""
 RECOMPUTE = ("none", "selective", "full")
 """none; selective: Megatron's core-attention recompute (the attention kernel re-run in backward, projections
 kept); full: every block recomputed in backward (docs/method.md#choice-recompute)."""
@@ -75,7 +76,10 @@ class ParallelConfig:
     dp: int = 1
     """Data-parallel replicas; world size = dp × degree."""
     sp_variant: str = "allgather"
-    """sp, tp_sp and fsdp_sp: K/V exchange, allgather (zigzag, default) or ring (peer-to-peer, online softmax)."""
+    """sp: how attention sees the whole sequence: allgather (K/V all-gather, zigzag; default) | ring
+    (peer-to-peer K/V hops, online softmax) | ulysses (DeepSpeed-Ulysses: all-to-all from token shards to head
+    shards and back; n_heads and n_kv_heads divisible by Σ, by T·Σ in tp_sp; docs/method.md#ulysses); the same
+    three for tp_sp's Σ axis; fsdp_sp: allgather | ring."""
     kv_bucket_heads: int = 0
     """tsp only: KV heads per K/V all-gather in the attention owner loop (head buckets: bucket b+1's all-gather is in
     flight while bucket b's attention runs; smaller buckets bound the gathered K/V buffer). 0: all of an owner's
@@ -252,6 +256,15 @@ def validate_parallel(
             f"seq_len={seq_len} must be divisible by Σ·T = {s * t} (scheme=tp_sp msp=true splits each token shard "
             f"over the tensor axis); e.g. seq_len={step * max(1, seq_len // step)}, or msp=false",
         )
+    if p.sp_variant == "ulysses" and p.scheme in ("sp", "tp_sp"):
+        split = f"T·Σ={t * s}" if p.scheme == "tp_sp" else f"the sequence degree Σ={s}"  # tp_sp: n/T heads over Σ
+        allowed = _divisors(m.n_kv_heads).removeprefix("1, ")
+        for f in ("n_heads", "n_kv_heads"):
+            _need(
+                getattr(m, f) % (t * s) == 0,
+                f"sp_variant=ulysses splits heads over {split}: model.{f}={getattr(m, f)} must be divisible by it; "
+                f"allowed {'T·Σ' if p.scheme == 'tp_sp' else 'degrees'}: {allowed}",
+            )
     if p.scheme == "tp_msp":
         _need(seq_len % t == 0, f"seq_len={seq_len} must be divisible by degree={t} for scheme=tp_msp")
 

@@ -210,6 +210,46 @@ def test_costmodel_matches_estimate_tp_sp(tp, recompute, vocab, msp):
     assert not _near_tie_mismatch(GQA, par, model, est["mem_bytes"]), _within(model, est["mem_bytes"])
 
 
+@pytest.mark.parametrize("scheme,tp", [("sp", 0), ("tp_sp", 2)])
+@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
+def test_costmodel_matches_estimate_ulysses(scheme, tp, recompute):
+    """sp_variant=ulysses (docs/method.md#ulysses): head shards of the whole sequence are the local K/V's bytes, so
+    the model keeps no full-sequence K/V; the estimate traces the all-to-alls under the fake process group."""
+    par = ParallelConfig(scheme=scheme, degree=4, tp=tp, recompute=recompute, sp_variant="ulysses")
+    est = estimate(GQA, par, 2048, 1, dtype="bfloat16")
+    model = memory_breakdown(GQA, par, 2048, 1, dtype="bfloat16")
+    assert not _near_tie_mismatch(GQA, par, model, est["mem_bytes"]), _within(model, est["mem_bytes"])
+    t, sig = par.tp_degree, par.sp_degree
+    n, h, g = 2048 / sig, GQA.dim, GQA.gqa_ratio  # two all-to-alls of (h + 2h/g)/T and h/T per local token
+    tp_ar = 4 * n * h * (t - 1) / t  # tp_sp: the T axis's two all-reduces
+    want = tp_ar + n * (2 * h + 2 * h / g) / t * (sig - 1) / sig
+    assert est["metrics"]["comm_elems_per_layer_fwd"] == pytest.approx(want)
+
+
+@pytest.mark.parametrize("scheme,tp", [("sp", 0), ("tp_sp", 2)])
+def test_costmodel_matches_estimate_ulysses_forward(scheme, tp):
+    """Forward with an attention-dominated layer (MHA, small vocabulary and MLP): the model's Ulysses working set
+    (local Q, K, V, their received and un-zigzagged head shards, the output twice) is the estimate's peak. tp_sp is
+    checked in its plain form: the forward working set of Ulysses under Megatron-SP (the all-gathered input beside
+    the head shards) is not modelled yet — 21% low on this shape (training peaks are checked in the test above)."""
+    cfg = replace(GQA, vocab_size=64, n_kv_heads=8, ffn_hidden=512)
+    par = ParallelConfig(scheme=scheme, degree=4, tp=tp, sp_variant="ulysses", msp=scheme != "tp_sp")
+    est = estimate(cfg, par, 2048, 1, mode="forward", dtype="bfloat16")["mem_bytes"]
+    model = memory_breakdown(cfg, par, 2048, 1, mode="forward", dtype="bfloat16", kv_cache=False)
+    assert model["total"] == pytest.approx(est["total"], rel=0.02)
+
+
+def test_estimate_matches_real_run_ulysses():
+    """(a) and (b) for sp_variant=ulysses at D = 2: the real gloo all-to-alls and the fake process group's agree."""
+    par = ParallelConfig(scheme="sp", degree=2, sp_variant="ulysses")
+    (real,) = measure([(TINY, par, 64, 1, "train", "float32")])
+    est = json.loads(json.dumps(estimate_summary(TINY, par, 64, 1, dtype="float32", attention="native")))
+    slack = _gloo_slack(real, par)
+    assert not _within(real["mem"], est["mem"], slack=slack), _within(real["mem"], est["mem"], slack=slack)
+    assert est["comm_ops"] == real["comm_ops"] and est["comm"] == real["comm"]
+    assert [o[0] for o in est["comm_ops"] if o[1] == "fwd"] == ["all_to_all", "all_to_all"]
+
+
 def _near_tie_mismatch(cfg, par, model: dict, est: dict, tol: float = 0.05) -> list[str]:
     """The breakdown check, where the peak can fall at either of two moments whose totals are within tol of each
     other (e.g. tp_msp, full recompute, replicated vocabulary: the LM-head backward and the last layer's backward

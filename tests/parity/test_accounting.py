@@ -17,8 +17,14 @@ def formula_fwd(vc) -> float:
     kv = _kv_heads_per_rank(vc)  # n_kv/T, or 1 where a KV head is replicated over T/n_kv ranks
     if vc.scheme in ("tp", "tp_msp"):
         return 4 * B * S * h * (n - 1) / n
+    if vc.scheme == "sp" and vc.sp_variant == "ulysses":  # all-to-all of packed [Q; K; V] in, of O out
+        return B * S / n * (2 * h + 2 * h / g) * (n - 1) / n
     if vc.scheme == "sp":
         return 2 * B * S * (h / g) * (n - 1) / n
+    if vc.scheme == "tp_sp" and vc.sp_variant == "ulysses":  # the T axis's 2 all-reduces + Ulysses on n/T heads
+        t = vc.tp
+        s = n // t
+        return 4 * B * (S / s) * h * (t - 1) / t + B * S / s * (2 * h + 2 * h / g) / t * (s - 1) / s
     if vc.scheme == "tp_sp":
         t = vc.tp
         s = n // t
@@ -48,9 +54,10 @@ def fsdp_unit_volume(vc) -> float:
 
 def formula_bwd(vc) -> float:
     """No recompute. TP/Megatron-SP mirror their forward collectives; SP/TP×SP reduce-scatter dK/dV (ring:
-    reverse hops of the same size); TSP re-broadcasts and re-gathers (docs/method.md#choice-backward), reduces dW
-    to owners, reduce-scatters dK/dV and runs a second weight ring plus a gradient ring: 2W + 2K. FSDP×SP
-    (docs/method.md#fsdp-sp): the unit all-gathered again and its gradient reduce-scattered, dK/dV as sp."""
+    reverse hops of the same size); Ulysses runs the inverse all-to-alls of the gradients (the same); TSP
+    re-broadcasts and re-gathers (docs/method.md#choice-backward), reduces dW to owners, reduce-scatters dK/dV and
+    runs a second weight ring plus a gradient ring: 2W + 2K. FSDP×SP (docs/method.md#fsdp-sp): the unit all-gathered
+    again and its gradient reduce-scattered, dK/dV as sp."""
     f = formula_fwd(vc)
     if vc.scheme == "fsdp_sp":
         return f + fsdp_unit_volume(vc)
@@ -81,6 +88,8 @@ def selective_replay(vc) -> float:
     """recompute=selective re-runs the core attention in backward, and for token-sharded schemes the core
     includes the K/V exchange (TransformerEngine's context-parallel attention): one more forward K/V volume."""
     if vc.scheme not in ("sp", "tp_sp", "fsdp_sp") or (vc.scheme == "tp_sp" and vc.degree == vc.tp):
+        return 0.0
+    if vc.sp_variant == "ulysses":  # the all-to-alls stay outside the recomputed kernel (docs/method.md#ulysses)
         return 0.0
     m, n = vc.model, vc.degree
     t = vc.tp if vc.scheme == "tp_sp" else 1
@@ -143,6 +152,23 @@ def test_tp_sp_tensor_axis_pattern(parity_results, cid):
         assert fwd.count("all_gather") == 2 + (vc.sp_variant == "allgather")
     else:
         assert fwd.count("all_reduce") == 2 and "reduce_scatter" not in fwd
+
+
+@pytest.mark.parametrize(
+    "cid", [c for c in CASES if ALL[c][1].recompute == "none" and ALL[c][1].sp_variant == "ulysses"]
+)
+def test_ulysses_collective_pattern(parity_results, cid):
+    """Ulysses: exactly two all-to-alls per layer forward (packed [Q; K; V] to head shards, O back), their inverses
+    backward, each receiving (Σ−1)/Σ of its buffer: (h + 2h/g)·B·S/Σ elements in, h·B·S/Σ out."""
+    world, vc, _ = ALL[cid]
+    m, t = vc.model, vc.tp or 1
+    n = vc.degree // t  # Σ
+    tokens = vc.batch * vc.seq_len / n
+    qkv, o = tokens * (m.dim + 2 * m.dim * m.n_kv_heads / m.n_heads) / t, tokens * m.dim / t  # tp_sp: n/T heads
+    ops = parity_results(world)[cid]["comm_ops_layer0"]
+    for phase, sizes in (("fwd", [qkv, o]), ("bwd", [o, qkv])):
+        got = [(op[0], op[2], op[3]) for op in ops if op[1] == phase and op[0] != "all_reduce"]
+        assert got == [("all_to_all", size, size * (n - 1) / n) for size in sizes]
 
 
 EDGE_CASES = [

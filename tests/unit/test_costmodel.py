@@ -122,6 +122,26 @@ def test_collective_schedule_matches_closed_form(scheme, degree, tp, mode, recom
         assert received - received_elems(op, p, n) != pytest.approx(c["fwd_total"] + c["bwd_total"])
 
 
+@pytest.mark.parametrize("scheme,tp", [("sp", 0), ("tp_sp", 2)])
+@pytest.mark.parametrize("mode,recompute", [("forward", "none"), ("train", "none"), ("train", "full")])
+def test_ulysses_schedule_matches_closed_form(scheme, tp, mode, recompute):
+    # sp_variant=ulysses: 2 all-to-alls forward, their inverses backward (docs/method.md#ulysses); tp_sp on n/T heads
+    par = ParallelConfig(scheme=scheme, degree=8, tp=tp, sp_variant="ulysses", recompute=recompute)
+    colls = layer_collectives(LLAMA7B, par, 8192, 2, mode=mode)
+    received = sum(count * received_elems(op, p, n) for op, p, n, _, count in colls)
+    c = comm_per_layer(LLAMA7B, par, 8192, 2, mode=mode)
+    assert received == pytest.approx(c["fwd_total"] + c["bwd_total"])
+    t, sig, n, h = par.tp_degree, par.sp_degree, 8192 * 2, LLAMA7B.dim
+    assert c["fwd"]["heads"] == pytest.approx(n / sig * (2 * h + 2 * h / LLAMA7B.gqa_ratio) / t * (sig - 1) / sig)
+    tensor_axis = {"allgather", "reduce_scatter"} if par.msp else {"allreduce"}  # tp_sp: Megatron-SP by default
+    assert c["fwd"]["kv"] == 0 and {op for op, *_ in colls} == ({"alltoall"} | tensor_axis if t > 1 else {"alltoall"})
+    selective = comm_per_layer(LLAMA7B, replace(par, recompute="selective"), 8192, 2, mode="train")
+    assert (
+        selective["bwd_total"]
+        == comm_per_layer(LLAMA7B, replace(par, recompute="none"), 8192, 2, mode="train")["bwd_total"]
+    )  # the all-to-alls are outside the recomputed kernel
+
+
 def test_tp_sp_degenerates_to_tp_and_sp():
     for seq in (16384, S128K):
         for mode in ("forward", "train"):

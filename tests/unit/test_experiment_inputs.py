@@ -30,7 +30,7 @@ BAD = [
     (["+exp=smoke", "scheme=zig"], "scheme='zig' is unknown; allowed: single, tp, tp_msp, sp, tp_sp, tsp"),
     (["+exp=smoke", "vocab=ring"], "vocab=ring is a TSP option; use scheme=tsp vocab=ring"),
     (["+exp=smoke", "scheme=tsp", "vocab=sharded"], "vocab='sharded' is unknown; allowed: auto, replicated, ring"),
-    (["+exp=smoke", "sp_variant=ulysses"], "sp_variant='ulysses' is unknown; allowed: allgather, ring"),
+    (["+exp=smoke", "sp_variant=ulyses"], "sp_variant='ulyses' is unknown; allowed: allgather, ring, ulysses"),
     (["+exp=smoke", "recompute=partial"], "recompute='partial' is unknown; allowed: none, selective, full"),
     (["+exp=smoke", "scheme=tp", "tp=2"], "tp=2 sets tp_sp's tensor degree; add tp_sp"),
     (["+exp=smoke", "scheme=tp_sp", "degree=4", "tp=3"], "tp=3: T=3 is not a proper divisor of degree=4; allowed"),

@@ -108,7 +108,7 @@ def scheme_label(row: dict) -> str:
     if s in ("tp", "tp_msp"):
         lay = f"T={di}"
     elif s == "sp":
-        lay = f"Σ={di}" + (f" {row['sp_variant']}" if row.get("sp_variant") == "ring" else "")
+        lay = f"Σ={di}" + (f" {row['sp_variant']}" if row.get("sp_variant") in ("ring", "ulysses") else "")
     elif s == "tp_sp":
         t, sp = num(row.get("tp_degree")), num(row.get("sp_degree"))
         lay = f"T={int(t)}·Σ={int(sp)}" if t and sp else f"T·Σ={di}"

@@ -61,7 +61,8 @@ class SchemeOptions:
     """Per-scheme defaults (conf/scheme_opts/<name>.yaml, merged into `scheme_opts.<name>`)."""
 
     sp_variants: list[str] = field(default_factory=lambda: ["allgather"])
-    """sp and tp_sp: K/V exchange variants to run (allgather | ring); ignored by the other schemes."""
+    """sp and tp_sp: K/V exchange variants to run (allgather | ring | ulysses, docs/method.md#ulysses); ignored by
+    the other schemes."""
     vocabs: list[str] = field(default_factory=lambda: ["auto"])
     """Embedding / LM-head layouts to run (ParallelConfig.vocab: auto | replicated | ring, ring for tsp only),
     e.g. `scheme_opts.tsp.vocabs=[auto,ring]` or `scheme_opts.tp.vocabs=[auto,replicated]`."""

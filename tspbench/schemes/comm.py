@@ -9,6 +9,7 @@ Volume convention (`recv_numel`, elements received by this rank, bandwidth-optim
 docs/method.md#communication):
     all-gather (output n) and reduce-scatter (input n): n·(p−1)/p
     all-reduce (n): 2·n·(p−1)/p
+    all-to-all (n, the same on every rank in and out): n·(p−1)/p (each rank keeps its own 1/p)
     broadcast / reduce (n), rooted: n·(p−1)/p on every rank (the p−1 receiving ranks' volume averaged over
         all p, so that D broadcasts of a 1/D weight shard each cost every rank the formula's (D−1)/D·W)
     point-to-point: the received tensor's numel.
@@ -25,7 +26,7 @@ import torch.distributed as dist
 
 @dataclass
 class CommRecord:
-    op: str  # all_gather | reduce_scatter | all_reduce | broadcast | reduce | send_recv
+    op: str  # all_gather | reduce_scatter | all_reduce | all_to_all | broadcast | reduce | send_recv
     phase: str  # fwd | bwd (anything issued while autograd runs backward, recompute included)
     tag: str  # where: "layer3", "grad_sync", ...
     group_size: int
@@ -154,6 +155,17 @@ class Comm:
         _reduce_scatter_tensor(out, xs, group=self.group)
         return out.movedim(0, dim)
 
+    def all_to_all(self, x: torch.Tensor, scatter_dim: int, gather_dim: int) -> torch.Tensor:
+        """Split `x` into p chunks along `scatter_dim`, send chunk j to rank j, and concatenate the chunks received
+        along `gather_dim` in group-rank order (DeepSpeed-Ulysses' sequence ↔ head exchange). The output has the
+        input's numel; all_to_all(·, gather_dim, scatter_dim) is its inverse."""
+        p = self.size
+        chunks = x.unflatten(scatter_dim, (p, -1)).movedim(scatter_dim, 0).contiguous()  # [p, *chunk]
+        out = torch.empty_like(chunks)  # out[r]: the chunk rank r sent to this rank
+        self.record("all_to_all", chunks, chunks.numel() * (p - 1) / p)
+        dist.all_to_all_single(out, chunks, group=self.group)
+        return out.movedim(0, gather_dim).flatten(gather_dim, gather_dim + 1)
+
     def broadcast(self, x: torch.Tensor, src: int) -> torch.Tensor:
         """`x` from group rank `src` to every rank (in place on non-owners' buffer)."""
         self.record("broadcast", x, x.numel() * (self.size - 1) / self.size)
@@ -275,6 +287,23 @@ class _ReduceScatterToSequence(torch.autograd.Function):
             return ctx.comm.all_gather(g, ctx.dim), None, None
 
 
+class _AllToAll(torch.autograd.Function):
+    """All-to-all forward (scatter `scatter_dim`, gather `gather_dim`); the inverse all-to-all of the gradient
+    backward (scatter `gather_dim`, gather `scatter_dim`): the exchange is a permutation of elements across ranks,
+    so its adjoint is the inverse permutation."""
+
+    @staticmethod
+    def forward(ctx, x, comm: Comm, scatter_dim: int, gather_dim: int):
+        ctx.comm, ctx.dims, ctx.tag = comm, (scatter_dim, gather_dim), comm.log.tag
+        return comm.all_to_all(x, scatter_dim, gather_dim)
+
+    @staticmethod
+    def backward(ctx, g):
+        scatter_dim, gather_dim = ctx.dims
+        with ctx.comm.log.scope(ctx.tag, backward=True):
+            return ctx.comm.all_to_all(g, gather_dim, scatter_dim), None, None, None
+
+
 class _BroadcastFromOwner(torch.autograd.Function):
     """Broadcast the owner's shard forward; reduce the gradient to the owner backward.
 
@@ -331,6 +360,11 @@ def gather_from_sequence(x: torch.Tensor, comm: Comm, dim: int) -> torch.Tensor:
 
 def reduce_scatter_to_sequence(x: torch.Tensor, comm: Comm, dim: int) -> torch.Tensor:
     return _ReduceScatterToSequence.apply(x, comm, dim)
+
+
+def all_to_all(x: torch.Tensor, comm: Comm, scatter_dim: int, gather_dim: int) -> torch.Tensor:
+    """Differentiable all-to-all (Comm.all_to_all); backward is the inverse all-to-all."""
+    return _AllToAll.apply(x, comm, scatter_dim, gather_dim)
 
 
 def broadcast_from_owner(w: torch.Tensor, comm: Comm, src: int) -> torch.Tensor:

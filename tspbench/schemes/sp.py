@@ -6,15 +6,21 @@ one late chunk and the causal work is equal. Everything token-wise (embedding, n
 positions, MLP, LM head) runs unchanged on the shard; only attention needs other ranks' tokens.
 
 Maths. Attention of rank p: O_p = softmax(Q_p·K_{≤pos}ᵀ/√d)·V_{≤pos}, with Q_p = X_p·W_Qᵀ from local tokens
-and K, V of the whole sequence. Two ways to obtain K, V (docs/method.md#choice-sp-variant; `par.sp_variant`):
+and K, V of the whole sequence. Three ways to obtain K, V (docs/method.md#choice-sp-variant; `par.sp_variant`):
     allgather (default)  all-gather K and V along the sequence, un-zigzag, causal attention per local chunk
     ring                 Σ−1 peer-to-peer K/V hops with an online-softmax merge (ring_attention.py)
+    ulysses              DeepSpeed-Ulysses (ops/ulysses.py, docs/method.md#ulysses): all-to-all of packed
+                         [Q; K; V] from token shards to head shards, whole-sequence causal attention on n_h/Σ
+                         heads, all-to-all of the output back; needs n_h and n_kv divisible by Σ
 
 Communication per layer (n = B·S·(h/g) elements = one full-sequence K or V):
     forward   allgather: 2 all-gathers (K, V), output n each     ring: Σ−1 send/recv hops of packed [K; V]
     backward  allgather: 2 reduce-scatters (dK, dV), input n each ring: Σ−1 reverse hops of [dK; dV]
     volume    2·B·S·(h/g)·(Σ−1)/Σ received per rank forward (docs/method.md#communication), the same backward; the
               ring moves the same bytes point-to-point.
+    ulysses   forward (B·S/Σ)·(2h + 2h/g)·(Σ−1)/Σ (all-to-alls of [Q; K; V] and O), backward the same (inverses).
+Decode (every variant): the prefill caches the local tokens' K/V, so the cache stays token-sharded and decode is
+the same partial-attention merge for all three (ops/decode.py).
 No activation all-reduce: ranks own different tokens. Each replicated weight sees only local tokens, so its
 gradient is a partial sum, completed by one all-reduce over the group after backward (finish_grad_sync;
 2·W·(Σ−1)/Σ, not per layer).

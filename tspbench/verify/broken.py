@@ -196,6 +196,26 @@ def msp_without_reduce_scatter():
         yield
 
 
+@contextlib.contextmanager
+def ulysses_wrong_dim():
+    """Ulysses all-to-all on the wrong dimension: the received chunks are concatenated along the dimension after
+    the gather dimension (the batch instead of the sequence) and reshaped to the expected shape: shapes stay
+    right, tokens and heads are scrambled."""
+    from tspbench.schemes.comm import Comm
+
+    real = Comm.all_to_all
+
+    def all_to_all(self, x, scatter_dim, gather_dim):
+        out = real(self, x, scatter_dim, gather_dim + 1)
+        shape = list(x.shape)
+        shape[scatter_dim] //= self.size
+        shape[gather_dim] *= self.size
+        return out.reshape(shape)
+
+    with mock.patch.object(Comm, "all_to_all", all_to_all):
+        yield
+
+
 BREAKAGES = {
     "missing_allreduce": missing_allreduce,
     "wrong_zigzag_order": wrong_zigzag_order,
@@ -210,4 +230,5 @@ BREAKAGES = {
     "kv_head_wrong_group": kv_head_wrong_group,
     "fsdp_no_reduce_scatter": fsdp_no_reduce_scatter,
     "msp_without_reduce_scatter": msp_without_reduce_scatter,
+    "ulysses_wrong_dim": ulysses_wrong_dim,
 }

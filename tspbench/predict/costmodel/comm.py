@@ -38,6 +38,9 @@ def comm_per_layer(
         sp          kv          2·N·(h/g)·(Σ−1)/Σ      (all-gather of K and V)
         tp_sp       activations 4·(N/Σ)·h·(T−1)/T  +  kv 2·N·(h/(g·T))·(Σ−1)/Σ   (Megatron-SP's all-gather +
                     reduce-scatter pairs over T, or with msp=false 2 all-reduces: the same volume)
+        sp ulysses  heads       (N/Σ)·(2h + 2h/g)·(Σ−1)/Σ  (all-to-all of [Q; K; V] in, of O out; #ulysses)
+                    (tp_sp ulysses: the same on the n/T local heads, ÷ T, beside the T axis's activations)
+        tp_sp       activations 4·(N/Σ)·h·(T−1)/T  +  kv 2·N·(h/(g·T))·(Σ−1)/Σ
         tsp         weights     W·(D−1)/D              (attention broadcasts + MLP ring)
                     kv          2·N·(h/g)·(D−1)/D
         fsdp_sp     weights     (W + 2h)·(n−1)/n       (FSDP all-gather of the block unit over n = dp·Σ)
@@ -45,7 +48,8 @@ def comm_per_layer(
     With T (or D) > n_kv each rank holds one KV head replicated over T/n_kv ranks: h/(g·T) becomes d (tp_sp),
     and tsp's D owner shards carry D KV heads (weights and kv grow by the replicas; docs/method.md#choice-gqa).
     Backward, no recompute: TP repeats its all-reduces; SP/TP×SP reduce-scatter dK/dV (= kv); TSP re-sends
-    the weights (W) and reduces the weight gradients to their owners (W) and reduce-scatters dK/dV (K), so
+    the weights (W) and reduces the weight gradients to their owners (W) and reduce-scatters dK/dV (K); Ulysses
+    runs the inverse all-to-alls of the gradients (= heads, and selective recompute replays none of them), so
     TSP is 3W + 2K forward + backward. `regather_kv=True` adds one K/V all-gather to the backward of
     sp/tp_sp/tsp (default None: what the code does, True for tsp; the 3W + 2K of docs/method.md#communication
     keeps K/V instead). fsdp_sp's backward all-gathers the unit again and reduce-scatters its gradient:
@@ -57,13 +61,16 @@ def comm_per_layer(
     lay, h, n = layout(par), model.dim, batch * seq_len
     if regather_kv is None:  # what the code does: TSP re-gathers K/V in backward (schemes/ops/owner_attention.py)
         regather_kv = par.scheme == "tsp"
-    zero = {"weights": 0.0, "kv": 0.0, "activations": 0.0}
+    zero = {"weights": 0.0, "kv": 0.0, "activations": 0.0, "heads": 0.0}
     fwd = dict(zero)
     s = par.scheme
     if s in ("tp", "tp_msp", "tp_sp"):
         fwd["activations"] = 4 * (n / lay.sp) * h * (lay.tp - 1) / lay.tp
     kv_d = model.head_dim * kv_heads_per_rank(model, lay.tp)  # K (or V) width per token on a rank: h/(g·T)
-    if s in ("sp", "tp_sp", "fsdp_sp"):
+    ulysses = s in ("sp", "tp_sp") and par.sp_variant == "ulysses"
+    if ulysses:
+        fwd["heads"] = (n / lay.sp) * (2 * h + 2 * model.n_kv_heads * model.head_dim) / lay.tp * (lay.sp - 1) / lay.sp
+    elif s in ("sp", "tp_sp", "fsdp_sp"):
         fwd["kv"] = 2 * n * kv_d * (lay.sp - 1) / lay.sp
     if s == "fsdp_sp":
         nf = fsdp_shards(par)
@@ -78,11 +85,12 @@ def comm_per_layer(
         bwd["activations"] = fwd["activations"]  # TP: all-reduces (or AG/RS) mirrored
         bwd["kv"] = fwd["kv"] * (2 if regather_kv else 1)  # dK/dV reduce-scatter (+ re-gather)
         bwd["weights"] = 2 * fwd["weights"]  # TSP: weight re-send + weight-grad reduce
+        bwd["heads"] = fwd["heads"]  # Ulysses: the inverse all-to-alls of dO and d[Q; K; V]
         if par.recompute == "full" and s == "fsdp_sp":
             bwd["kv"] += fwd["kv"]  # the unit is already gathered for backward: only the K/V exchange replays
         elif par.recompute == "full":
             bwd = {key: bwd[key] + fwd[key] for key in bwd}  # one more forward's worth
-        elif par.recompute == "selective" and s in ("sp", "tp_sp", "fsdp_sp"):
+        elif par.recompute == "selective" and s in ("sp", "tp_sp", "fsdp_sp") and not ulysses:
             bwd["kv"] += fwd["kv"]  # the K/V exchange is part of the recomputed core attention
     elif mode != "forward":
         raise ValueError(f"mode={mode!r} is unknown; allowed: train, forward")

@@ -10,7 +10,8 @@ shapes): it agrees to < 0.1% for llama7b, 16K and 128K, D = 8, every scheme, and
 models, B > 1, fp32 and dp > 1 (tests/test_estimate.py). Per layer without recompute a rank saves (per
 token of its residual stream / GEMM input, b = dtype bytes): two RMSNorms at 4h + b·h bytes (fp32 input
 copy + normalised tensor), the attention input h·b, Q h/T·b, K and V 2h/(gT)·b (full-sequence copies after
-a K/V all-gather), the output h/T·b (twice on the zigzag path), fp32 log-sum-exp and RoPE tables, the MLP
+a K/V all-gather; Ulysses' head shards are the local size, docs/method.md#ulysses), the output h/T·b (twice on
+the zigzag path), fp32 log-sum-exp and RoPE tables, the MLP
 input h·b and gate, up, product 3·ffn/T·b (model.silu_mul keeps gate and up only, as Megatron's fused SwiGLU); TSP
 checkpoints its owner steps and its MLP ring, so it keeps only the two norms, the attention and MLP inputs and the
 packed attention shard. Full recompute keeps each block's input (h·b per residual token) and rebuilds one block in
@@ -50,8 +51,9 @@ class Geometry:
     n_gemm: float  # tokens entering the attention / MLP GEMMs (tp_msp all-gathers them to B·S)
     n_loss: float  # tokens through the LM head and loss (the final norm runs on n_res)
     t: int  # head / channel split of the block weights (tsp: handled whole-layer, see below)
-    kv_tokens: float  # tokens of the K/V a rank attends with after the exchange (0: its own, no exchange)
-    chunked: bool  # attention via layout.attend_shard: per-chunk SDPA + cat, so W_O saves a flattened copy
+    kv_tokens: float  # tokens of the K/V a rank attends with after the exchange (0: its own or, Ulysses, the same
+    # bytes as head shards of the whole sequence)
+    chunked: bool  # W_O saves a flattened copy of the kernel output (attend_shard's cat; Ulysses' all-to-all back)
     gathered_inputs: bool  # the GEMM inputs are all-gather outputs (tp_msp): communication buffers
     batch: int = 1  # micro-batch B (tp_msp with B > 1: see `gemm_input_copies`)
 
@@ -71,13 +73,15 @@ def geometry(par: ParallelConfig, seq_len: int, batch: int) -> Geometry:
     if s == "tp_msp":  # the vocabulary-parallel head gathers the sequence; a replicated one runs on S/T tokens
         return Geometry(n / d, n, n if par.vocab_degree > 1 else n / d, d, 0, False, True, batch)
     if s in ("sp", "fsdp_sp"):  # fsdp_sp: sp's tokens and attention (its weights are FSDP's, see fsdp_buffers)
-        return Geometry(n / d, n / d, n / d, 1, n, True, False, batch)
+        kv = 0 if par.sp_variant == "ulysses" else n  # Ulysses: head shards of the whole sequence (#ulysses)
+        return Geometry(n / d, n / d, n / d, 1, kv, True, False, batch)
     if s == "tp_sp":
         t, sig = par.tp_degree, par.sp_degree
+        kv = n if sig > 1 and par.sp_variant != "ulysses" else 0
         if megatron_sp(par):  # the residual stream is rank (σ, t)'s piece; attention / MLP gather shard σ
             loss = n / sig if par.vocab_degree > 1 else n / (sig * t)
-            return Geometry(n / (sig * t), n / sig, loss, t, n if sig > 1 else 0, True, True, batch)
-        return Geometry(n / sig, n / sig, n / sig, t, n if sig > 1 else 0, True, False, batch)
+            return Geometry(n / (sig * t), n / sig, loss, t, kv, True, True, batch)
+        return Geometry(n / sig, n / sig, n / sig, t, kv, True, False, batch)
     if s == "tsp":
         return Geometry(n / d, n / d, n / d, 1, n, True, False, batch)
     raise ValueError(f"scheme={s!r} is unknown")
@@ -352,6 +356,10 @@ def memory_phases(
             geo.n_res * h * b
             + 2 * 2 * (geo.kv_tokens or geo.n_gemm) * model.head_dim * kv_heads_per_rank(model, geo.t) * b,
         )
+        if par.scheme in ("sp", "tp_sp") and par.sp_variant == "ulysses":  # block input, its norm, local Q/K/V,
+            # their head shards as received and un-zigzagged, the kernel output and its re-zigzagged copy
+            qkv = 3 * (h + 2 * h / model.gqa_ratio) / geo.t
+            layer = max(layer, geo.n_res * (2 * h + qkv + 2 * h / geo.t) * b)
         kv = kv_cache_bytes(model, par, seq_len, batch, dtype) if kv_cache else 0.0
         return {  # fsdp_sp: the gathered head; a layer's unit, the prefetched next one and the last flat all-gather
             "head": phase(temporaries=logits + geo.n_res * h * b, kv_cache=kv, comm_buffers=fb["head"]),

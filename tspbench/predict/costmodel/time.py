@@ -5,6 +5,7 @@ full, gathered/reduced tensor), link bandwidth β⁻¹ = bw·comm_efficiency and
 
     ring all-gather / reduce-scatter   (p−1)·α + (p−1)/p · n/bw
     ring all-reduce                    2(p−1)·α + 2(p−1)/p · n/bw
+    all-to-all (pairwise exchange)     (p−1)·α + (p−1)/p · n/bw       (n: one rank's buffer, in = out)
     broadcast / reduce (pipelined)     (p−1)·α + n/bw
     point-to-point                     α + n/bw_p2p
 
@@ -62,6 +63,7 @@ def received_elems(op: str, p: int, n: float) -> float:
         "allgather": (p - 1) / p,
         "reduce_scatter": (p - 1) / p,
         "allreduce": 2 * (p - 1) / p,
+        "alltoall": (p - 1) / p,
         "broadcast": (p - 1) / p,
         "reduce": (p - 1) / p,
         "p2p": 1.0,
@@ -94,6 +96,14 @@ def layer_collectives(
         bwd += fwd
     elif s == "tp_msp":
         fwd += [("allgather", t, n * h, t, 2), ("reduce_scatter", t, n * h, t, 2)]
+        bwd += fwd
+    elif s in ("sp", "tp_sp") and par.sp_variant == "ulysses":  # [Q; K; V] to head shards, O back (#ulysses)
+        if megatron_sp(par):  # Megatron-SP on T: all-gather in, reduce-scatter out
+            fwd += [("allgather", t, n / sig * h, t, 2), ("reduce_scatter", t, n / sig * h, t, 2)]
+        elif t > 1:
+            fwd += [("allreduce", t, n / sig * h, t, 2)]
+        qkv, o = n / sig * (h + 2 * model.n_kv_heads * model.head_dim) / t, n / sig * h / t
+        fwd += [("alltoall", sig, qkv, t * sig, 1), ("alltoall", sig, o, t * sig, 1)]
         bwd += fwd
     elif s in ("sp", "tp_sp"):
         kv = ("allgather", sig, 2 * n * kv_d, t * sig, 1)  # K and V packed
