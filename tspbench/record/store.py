@@ -27,6 +27,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from tspbench.record.guards import guard
 from tspbench.record.schema import STATUSES
 
 RESULTS_FILE = "results.jsonl"
@@ -34,7 +35,9 @@ RESULTS_FILE = "results.jsonl"
 
 def append_record(path: str | os.PathLike, record: dict[str, Any]) -> None:
     """Append one record as a single line. One `write` of the whole line under an exclusive lock, then
-    fsync: a crash or Ctrl-C can lose at most the record being written, never an earlier one."""
+    fsync: a crash or Ctrl-C can lose at most the record being written, never an earlier one. The plausibility
+    guards (record/guards.py) run first: a record that breaks one is written `implausible` with the reason."""
+    record = guard(record)
     assert record.get("status") in STATUSES, record.get("status")
     line = (json.dumps(record, default=_jsonable, sort_keys=True) + "\n").encode()
     path = Path(path)
