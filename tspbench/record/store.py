@@ -64,9 +64,10 @@ def _jsonable(o: Any) -> Any:
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 
-def read_records(paths: Iterable[str | os.PathLike]) -> list[dict[str, Any]]:
+def read_records(paths: Iterable[str | os.PathLike], kind: str | None = None) -> list[dict[str, Any]]:
     """All records from JSONL files or directories (searched recursively for *.jsonl). A torn last
-    line (a crash mid-write) is skipped, not fatal."""
+    line (a crash mid-write) is skipped, not fatal. `kind=None`: run records (no `kind` key); `kind="validation"`:
+    tspbench.validate's records (docs/records.md#validation-records), which the run tables never see."""
     out: list[dict[str, Any]] = []
     for p in paths:
         p = Path(p)
@@ -79,9 +80,11 @@ def read_records(paths: Iterable[str | os.PathLike]) -> list[dict[str, Any]]:
                 if not line:
                     continue
                 try:
-                    out.append(json.loads(line))
+                    rec = json.loads(line)
                 except json.JSONDecodeError:
                     continue
+                if isinstance(rec, dict) and rec.get("kind") == kind:
+                    out.append(rec)
     return out
 
 
