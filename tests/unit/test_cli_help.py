@@ -44,7 +44,7 @@ def test_experiment_help(capsys, monkeypatch):
     assert "Wall-clock limit per run" in out and "experiments (+exp=NAME):" in out
 
 
-@pytest.mark.parametrize("module", ["tspbench.report.__main__", "tspbench.predict.gpu_check"])
+@pytest.mark.parametrize("module", ["tspbench.report.__main__", "tspbench.predict.gpu_check", "tspbench.validate"])
 def test_argparse_entry_points_help(module, capsys):
     import importlib
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from tspbench.record.spec import RunSpec
 
-STATUSES = ("ok", "oom", "failed", "timeout", "invalid")
+STATUSES = ("ok", "oom", "failed", "timeout", "invalid", "implausible")  # implausible: record/guards.py
 METHODS = ("measured", "estimated", "modelled")
 CPU_NOTE = "CPU (gloo): checks the machinery, not GPU performance"
 

@@ -27,6 +27,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from tspbench.record.guards import guard
 from tspbench.record.schema import STATUSES
 
 RESULTS_FILE = "results.jsonl"
@@ -34,7 +35,9 @@ RESULTS_FILE = "results.jsonl"
 
 def append_record(path: str | os.PathLike, record: dict[str, Any]) -> None:
     """Append one record as a single line. One `write` of the whole line under an exclusive lock, then
-    fsync: a crash or Ctrl-C can lose at most the record being written, never an earlier one."""
+    fsync: a crash or Ctrl-C can lose at most the record being written, never an earlier one. The plausibility
+    guards (record/guards.py) run first: a record that breaks one is written `implausible` with the reason."""
+    record = guard(record)
     assert record.get("status") in STATUSES, record.get("status")
     line = (json.dumps(record, default=_jsonable, sort_keys=True) + "\n").encode()
     path = Path(path)
@@ -61,9 +64,10 @@ def _jsonable(o: Any) -> Any:
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 
-def read_records(paths: Iterable[str | os.PathLike]) -> list[dict[str, Any]]:
+def read_records(paths: Iterable[str | os.PathLike], kind: str | None = None) -> list[dict[str, Any]]:
     """All records from JSONL files or directories (searched recursively for *.jsonl). A torn last
-    line (a crash mid-write) is skipped, not fatal."""
+    line (a crash mid-write) is skipped, not fatal. `kind=None`: run records (no `kind` key); `kind="validation"`:
+    tspbench.validate's records (docs/records.md#validation-records), which the run tables never see."""
     out: list[dict[str, Any]] = []
     for p in paths:
         p = Path(p)
@@ -76,9 +80,11 @@ def read_records(paths: Iterable[str | os.PathLike]) -> list[dict[str, Any]]:
                 if not line:
                     continue
                 try:
-                    out.append(json.loads(line))
+                    rec = json.loads(line)
                 except json.JSONDecodeError:
                     continue
+                if isinstance(rec, dict) and rec.get("kind") == kind:
+                    out.append(rec)
     return out
 
 

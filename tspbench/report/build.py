@@ -158,6 +158,7 @@ def build_report(
     `<stem>.csv` and `<stem>.md` (claimed vs reproduced) beside it. `claims` overrides
     tspbench.paper.claims (tests use it)."""
     from tspbench.report.figures import make_figures  # matplotlib import is slow; only when building
+    from tspbench.report.trust import trust_section
 
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out = Path(out) if out is not None else reports_dir() / f"report-{stamp}.html"
@@ -194,6 +195,7 @@ def build_report(
         summary=summary_rows(df),
         figures=make_figures(df),
         failures=failure_rows(df),
+        trust=trust_section(paths),  # report/trust.py (issue 13)
         runs=runs,
         configs=configs,
         csv_name=csv_path.name,

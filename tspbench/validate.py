@@ -1,0 +1,231 @@
+"""Predictions against published measurements (issue 13 §1): `python -m tspbench.validate [FILE ...]`.
+
+Each in-scope row of conf/published/*.yaml (or the files given) is predicted with the closed-form cost model on
+the row's hardware profile:
+- tokens/s per GPU from `cluster_throughput` (train step; overlap from the row's layout: default ideal for FSDP
+  rows, whose prefetched all-gathers / reduce-scatters both frameworks overlap with compute, else none);
+- MFU from those tokens/s with the publishers' FLOPs convention (6N + 12·L·h·S per token, no causal halving:
+  torchtitan and llm-foundry both count it so);
+- peak memory from the closed-form `memory_breakdown`, not the fake-tensor estimate (minutes per row at these
+  shapes); FSDP memory is outside the memory model and is reported as not predicted.
+Prints predicted vs published with the signed error per row, then the median and worst absolute error per
+quantity, separately for the calibration and validation subsets; writes one JSONL record per row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tspbench.config import ModelConfig, ParallelConfig
+from tspbench.paths import conf_dir, results_dir
+from tspbench.predict.costmodel import cluster_throughput, flops_per_token, load_hardware, memory_breakdown
+
+QUANTITIES = ("tokens_per_s_per_gpu", "mfu_pct", "peak_mem_gib")
+SUBSETS = ("calibration", "validation")
+GIB = 2**30
+
+
+@dataclass
+class Row:
+    """One published configuration (keys of a `rows:` entry in conf/published/*.yaml)."""
+
+    id: str
+    """Unique name of the row."""
+    source: str
+    """URL or repository + path + table + row the numbers are copied from."""
+    subset: str
+    """calibration or validation, fixed in the file before any error was computed."""
+    hardware: str
+    """conf/hardware/<name>.yaml profile."""
+    gpus: int
+    """GPUs of the measured job."""
+    model: dict[str, Any]
+    """ModelConfig fields (a name from the file's `models:` table is resolved on load)."""
+    layout: dict[str, Any]
+    """scheme, degree (and tp, sp_variant); fsdp: true when the source sharded parameters with FSDP."""
+    seq_len: int
+    """Sequence length, tokens."""
+    micro_batch: int
+    """Sequences per micro-batch per replica."""
+    recompute: str
+    """none, selective or full (the source's mode mapped onto ours; see notes)."""
+    precision: str
+    """bf16 (in scope) or what the source used."""
+    measured: dict[str, float]
+    """Published numbers: tokens_per_s_per_gpu, mfu_pct, peak_mem_gib."""
+    memory_kind: str = ""
+    """allocated, reserved or device-used, as the source says."""
+    out_of_scope: str | None = None
+    """Why the model family cannot represent the row (kept, never dropped)."""
+    notes: str = ""
+    """Mapping caveats."""
+    file: str = field(default="", repr=False)
+    """The file the row came from."""
+
+
+def load_rows(paths: list[Path]) -> list[Row]:
+    """Every row of the files, with model names resolved; a bad field raises one actionable ValueError."""
+    rows: list[Row] = []
+    for path in paths:
+        doc = yaml.safe_load(path.read_text()) or {}
+        models = doc.get("models", {})
+        for raw in doc.get("rows", []):
+            raw = dict(raw)
+            if isinstance(raw.get("model"), str):
+                name = raw["model"]
+                if name not in models:
+                    raise ValueError(f"{path}: row {raw.get('id')}: model={name!r} is not in the file's models:")
+                raw["model"] = dict(models[name], name=name)
+            if raw.get("subset") not in SUBSETS:
+                raise ValueError(f"{path}: row {raw.get('id')}: subset={raw.get('subset')!r}; allowed: {SUBSETS}")
+            try:
+                rows.append(Row(**raw, file=str(path)))
+            except TypeError as e:
+                raise ValueError(f"{path}: row {raw.get('id')}: {e}") from None
+    return rows
+
+
+def _memory_scope(row: Row) -> str | None:
+    if row.layout.get("fsdp"):
+        return "FSDP shards parameters, gradients and optimizer state over every rank: not in the memory model"
+    return None
+
+
+def predict(row: Row) -> dict[str, float | None]:
+    """The cost model's tokens/s per GPU, MFU (%) and peak memory (GiB) for one row."""
+    model = ModelConfig(**row.model)
+    lay = {k: v for k, v in row.layout.items() if k not in ("fsdp", "overlap")}
+    degree = int(lay.get("degree", 1))
+    par = ParallelConfig(recompute=row.recompute, dp=max(1, row.gpus // degree), **lay)
+    hw = load_hardware(row.hardware)
+    overlap = row.layout.get("overlap", "ideal" if row.layout.get("fsdp") else "none")
+    ct = cluster_throughput(model, par, row.seq_len, row.micro_batch, hw, row.gpus, mode="train", overlap=overlap)
+    tps = ct["tokens_per_s_per_device"]
+    model_flops = flops_per_token(model, row.seq_len, mode="train", causal_halved=False)
+    out: dict[str, float | None] = {
+        "tokens_per_s_per_gpu": tps,
+        "mfu_pct": 100.0 * tps * model_flops / hw.peak_flops("bfloat16"),
+        "peak_mem_gib": None,
+        "step_s": ct["step_s"],
+        "exposed_comm_s": ct["step_s"] - ct["compute_s"],
+    }
+    if _memory_scope(row) is None:
+        out["peak_mem_gib"] = memory_breakdown(model, par, row.seq_len, row.micro_batch)["total"] / GIB
+    return out
+
+
+def record(row: Row) -> dict[str, Any]:
+    """The JSONL record of one row (fields in docs/records.md#validation-records)."""
+    rec: dict[str, Any] = {
+        "kind": "validation",
+        "row_id": row.id,
+        "source": row.source,
+        "subset": row.subset,
+        "hardware": row.hardware,
+        "gpus": row.gpus,
+        "model": row.model.get("name", ""),
+        "layout": row.layout,
+        "seq_len": row.seq_len,
+        "micro_batch": row.micro_batch,
+        "recompute": row.recompute,
+        "precision": row.precision,
+        "status": "out_of_scope" if row.out_of_scope else "ok",
+        "out_of_scope": row.out_of_scope,
+        "published": dict(row.measured),
+        "predicted": {},
+        "error_pct": {},
+        "quantity_out_of_scope": {},
+    }
+    if row.out_of_scope:
+        return rec
+    pred = predict(row)
+    rec["predicted"] = pred
+    for q in QUANTITIES:
+        if q not in row.measured:
+            continue
+        p = pred.get(q)
+        if p is None:
+            rec["quantity_out_of_scope"][q] = _memory_scope(row)
+            continue
+        rec["error_pct"][q] = 100.0 * (p - row.measured[q]) / row.measured[q]
+    return rec
+
+
+def summary(records: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, float]]]:
+    """Median and worst absolute error (%) and row count per subset and quantity."""
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for subset in SUBSETS:
+        for q in QUANTITIES:
+            errs = [abs(r["error_pct"][q]) for r in records if r["subset"] == subset and q in r["error_pct"]]
+            if errs:
+                out.setdefault(subset, {})[q] = {
+                    "median_abs_pct": statistics.median(errs),
+                    "worst_abs_pct": max(errs),
+                    "n": len(errs),
+                }
+    return out
+
+
+def render(records: list[dict[str, Any]]) -> str:
+    lines = [f"{'row':34s} {'subset':11s} {'quantity':21s} {'published':>10s} {'predicted':>10s} {'error':>8s}"]
+    for r in records:
+        if r["status"] == "out_of_scope":
+            lines.append(f"{r['row_id']:34s} {r['subset']:11s} out of scope: {r['out_of_scope']}")
+            continue
+        for q, pub in r["published"].items():
+            if q in r["error_pct"]:
+                pred, err = r["predicted"][q], f"{r['error_pct'][q]:+7.1f}%"
+                lines.append(f"{r['row_id']:34s} {r['subset']:11s} {q:21s} {pub:10.1f} {pred:10.1f} {err:>8s}")
+            else:
+                why = r["quantity_out_of_scope"].get(q, "")
+                lines.append(f"{r['row_id']:34s} {r['subset']:11s} {q:21s} {pub:10.1f}  not predicted: {why}")
+    lines.append("")
+    for subset, per_q in summary(records).items():
+        for q, s in per_q.items():
+            lines.append(
+                f"{subset:11s} {q:21s} n={s['n']:<3d} median |error| {s['median_abs_pct']:5.1f}%  "
+                f"worst {s['worst_abs_pct']:5.1f}%"
+            )
+    return "\n".join(lines)
+
+
+def default_files() -> list[Path]:
+    return sorted((conf_dir() / "published").glob("*.yaml"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m tspbench.validate",
+        description="Predict published third-party measurements with the cost model; print the errors.",
+    )
+    ap.add_argument("files", nargs="*", type=Path, help="published-measurement YAML files (default: conf/published)")
+    ap.add_argument("--out", type=Path, default=None, help="JSONL output (default: results/validation.jsonl)")
+    args = ap.parse_args(argv)
+    files = args.files or default_files()
+    for f in files:
+        if not f.is_file():
+            print(f"error: FILE {f} does not exist; give conf/published-style YAML files", file=sys.stderr)
+            return 2
+    try:
+        records = [record(r) for r in load_rows(files)]
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(render(records))
+    out = args.out or results_dir() / "validation.jsonl"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("".join(json.dumps(r) + "\n" for r in records))
+    print(f"\nwrote {len(records)} records to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
