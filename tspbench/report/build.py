@@ -21,6 +21,7 @@ import pandas as pd
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 from tspbench.paths import reports_dir, templates_dir
+from tspbench.record.tables import clean_reason
 from tspbench.report.claims import LABELS_LEGEND, claims_table, grouped_claims, load_claim_list, verdict
 from tspbench.report.frame import CPU_NOTE, MEM_PARTS, WITHIN_PCT, fmt, fmt_seq, gb, load_frame, num, records
 
@@ -77,7 +78,9 @@ def failure_rows(df: pd.DataFrame) -> list[dict]:
             "hw": r["hw"],
             "status": r["status"],
             # A log tail can be long; its end is where the error is.
-            "reason": (str(r.get("reason"))[-1500:] if r.get("reason") not in (None, "") else "no reason recorded"),
+            "reason": (
+                clean_reason(r.get("reason"))[-1500:] if r.get("reason") not in (None, "") else "no reason recorded"
+            ),
         }
         for r in records(bad)
     ]
