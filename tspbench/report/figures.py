@@ -130,8 +130,9 @@ def ok_with(df: pd.DataFrame, *cols: str) -> pd.DataFrame:
 # ---------------------------------------------------------------- figures -------------------------
 
 
-def paper_points(ax, claims: list[dict], unit: str, name: str, scale: float, per_gpu: bool = False) -> None:
-    """The published values of `unit` for the hardware of this panel, as black stars at their sequence length."""
+def paper_points(ax, claims: list[dict], unit: str, name: str, scale: float, per_gpu: bool = False) -> list[float]:
+    """The published values of `unit` for the hardware of this panel, as black stars at their sequence length;
+    returns those sequence lengths (for the axis ticks)."""
     pts = [
         c
         for c in claims
@@ -151,6 +152,7 @@ def paper_points(ax, claims: list[dict], unit: str, name: str, scale: float, per
             zorder=6,
             label=f"paper {c.get('label') or ''}".strip() if i == 0 else None,
         )
+    return [float(c["seq_len"]) for c in pts]
 
 
 def fig_memory(df: pd.DataFrame, pal: dict, claims: list[dict] | None = None):
@@ -166,8 +168,7 @@ def fig_memory(df: pd.DataFrame, pal: dict, claims: list[dict] | None = None):
         factor, unit = mem_unit(data_top)
         scale = GIB_TO_GB * factor  # GiB in the records -> GB or MB on the axis
         lines(ax, sub, "mem_gib", pal, scale)
-        if unit == "GB":
-            paper_points(ax, claims or [], "GB", name, 1.0)
+        paper_s = paper_points(ax, claims or [], "GB", name, 1.0) if unit == "GB" else []
         cap = both[both["ctx"] == name]["capacity_gib"].map(num).dropna()
         top = cap.max() if not cap.empty else None
         title = name
@@ -192,7 +193,7 @@ def fig_memory(df: pd.DataFrame, pal: dict, claims: list[dict] | None = None):
                 edgecolors="black",
                 label="OOM",
             )
-        seq_axis(ax, both[both["ctx"] == name]["seq_len"])
+        seq_axis(ax, list(both[both["ctx"] == name]["seq_len"]) + paper_s)
         ax.set_ylabel(f"peak memory per device ({unit})")
         panel_title(ax, title, False)
         legend_outside(ax)
@@ -236,9 +237,8 @@ def metric_vs_seq(
     for ax, name in zip(axes, names):
         sub = ok[ok["ctx"] == name]
         lines(ax, sub, col, pal)
-        if paper:
-            paper_points(ax, paper, "tokens/s", name, 1.0, per_gpu=True)
-        seq_axis(ax, sub["seq_len"])
+        paper_s = paper_points(ax, paper, "tokens/s", name, 1.0, per_gpu=True) if paper else []
+        seq_axis(ax, list(sub["seq_len"]) + paper_s)
         if integer_ticks:
             ax.set_ylim(bottom=0)
             ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: fmt(v, 0)))
