@@ -24,7 +24,7 @@ pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no chromium binary on 
 WIDTH = 1280
 
 
-def chromium(url: str, tmp: Path, *args: str) -> subprocess.CompletedProcess:
+def chromium(url: str, tmp: Path, *args: str, height: int = 2000) -> subprocess.CompletedProcess:
     """One headless run, offline-leaning flags, its own profile; console messages go to stderr."""
     cmd = [
         CHROMIUM,
@@ -41,7 +41,7 @@ def chromium(url: str, tmp: Path, *args: str) -> subprocess.CompletedProcess:
         "--enable-logging=stderr",
         "--v=0",
         f"--user-data-dir={tmp / 'profile'}",
-        f"--window-size={WIDTH},2000",
+        f"--window-size={WIDTH},{height}",
         *args,
         url,
     ]
@@ -64,8 +64,8 @@ class BodyAttrs(HTMLParser):
             self.ids.add(a["id"])
 
 
-def render(html: Path, tmp: Path) -> tuple[BodyAttrs, list[str]]:
-    proc = chromium(html.as_uri(), tmp, "--dump-dom")
+def render(html: Path, tmp: Path, height: int = 2000) -> tuple[BodyAttrs, list[str]]:
+    proc = chromium(html.as_uri(), tmp, "--dump-dom", height=height)
     assert proc.returncode == 0, proc.stderr[-2000:]
     parsed = BodyAttrs()
     parsed.feed(proc.stdout)
@@ -116,3 +116,31 @@ def test_self_check_catches_breakage(report, tmp_path):
     assert dom.body["data-figures-ok"] == "false" and "bad-img" in dom.body["data-figures-bad"]
     assert int(dom.body["data-errors"]) >= 2
     assert any("boom" in line for line in console)
+
+
+FIRST_SCREEN = 800
+
+
+def test_first_screen_has_verdict_and_claims(report, tmp_path):
+    """At 1280×800 the verdict and the start of the claims table are on screen, one row per published number,
+    and no figure is an empty box (figures without data are folded into one list)."""
+    png = tmp_path / "first.png"
+    proc = chromium(report.as_uri(), tmp_path, f"--screenshot={png}", height=FIRST_SCREEN)
+    assert proc.returncode == 0 and png.exists(), proc.stderr[-2000:]
+    assert struct.unpack(">II", png.read_bytes()[16:24]) == (WIDTH, FIRST_SCREEN)
+    dom, _ = render(report, tmp_path, height=FIRST_SCREEN)
+    b = dom.body
+    assert int(b["data-viewport-height"]) <= FIRST_SCREEN
+    assert 0 <= int(b["data-verdict-top"]) < int(b["data-claims-top"]) < FIRST_SCREEN - 60
+    assert int(b["data-claim-rows"]) == len(rf.CLAIMS)
+    assert b["data-empty-figures"] == "0"
+
+
+def test_no_empty_panels_when_data_is_missing(tmp_path):
+    """Non-vacuity of the empty-panel check: a report with data for one figure only shows that figure and
+    folds the others into a list, not empty boxes."""
+    src = rf.write_minimal(tmp_path / "min.jsonl")
+    html = build_report([src], out=tmp_path / "min.html", claims=rf.CLAIMS)
+    dom, _ = render(html, tmp_path, height=FIRST_SCREEN)
+    assert dom.body["data-empty-figures"] == "0" and int(dom.body["data-figures"]) >= 1
+    assert "figures-without-data" in dom.ids

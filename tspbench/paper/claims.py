@@ -53,3 +53,20 @@ def claim(claim_id: str, path: str | Path | None = None) -> dict:
         if c["id"] == claim_id:
             return c
     raise KeyError(f"no claim with id {claim_id!r}")
+
+
+# The experiment whose grid holds each kind of published number (conf/exp/*.yaml): the report names it for a
+# claim these results do not answer, instead of a bare "not reproduced".
+PRODUCED_BY = {
+    "memory": "python -m tspbench +exp=paper_memory",
+    "throughput": "python -m tspbench +exp=paper_throughput",
+    "ratio": "python -m tspbench +exp=paper_throughput",
+}
+UNIT_KIND = {"GB": "memory", "tokens/s": "throughput", "x": "ratio"}
+
+
+def producing_command(c: dict) -> str | None:
+    """The command whose records answer claim `c` (its own `command` field wins), or None if none is known."""
+    if c.get("command"):
+        return str(c["command"])
+    return PRODUCED_BY.get(str(c.get("kind") or UNIT_KIND.get(str(c.get("unit")), "")))

@@ -3,6 +3,7 @@ runs, memory by category, predicted throughput and communication per layer (brea
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -19,7 +20,7 @@ def latest_by_run_id(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def summary_table(records: Iterable[dict[str, Any]]) -> str:
     """The end-of-experiment table: one row per run (scheme × seq_len × ...), with tokens/s per device,
-    peak memory and energy per token. Peak GiB is the allocator peak where the device has one (CUDA),
+    peak memory (GB) and energy per token. Peak is the allocator peak where the device has one (CUDA),
     else the MemTracker total at the rank's peak (marked *)."""
     recs = sorted(
         latest_by_run_id(records),
@@ -34,7 +35,7 @@ def summary_table(records: Iterable[dict[str, Any]]) -> str:
     )
     head = (
         f"{'scheme':<8} {'variant':<10} {'deg':>3} {'T×Σ':>5} {'dp':>3} {'S':>7} {'B':>3} {'mode':<7} {'status':<8} "
-        f"{'method':<9} {'tok/s/dev':>11} {'step ms':>9} {'peak GiB':>10} {'J/token':>9} {'MFU%':>6}"
+        f"{'method':<9} {'tok/s/dev':>11} {'step ms':>9} {'peak GB':>10} {'J/token':>9} {'MFU%':>6}"
     )
     lines = [head, "-" * len(head)]
     starred = cpu = offline = False
@@ -52,7 +53,8 @@ def summary_table(records: Iterable[dict[str, Any]]) -> str:
             if r.get("method") in ("estimated", "modelled"):
                 star, offline = "", True
         cpu = cpu or bool(r.get("cpu_note"))
-        txs = f"{r.get('tp_degree') or '-'}×{r.get('sp_degree') or '-'}"
+        peak = peak * GIB_TO_GB if isinstance(peak, (int, float)) else peak
+        txs = _layout(r)
         lines.append(
             f"{r.get('scheme', '?'):<8} {_variant(r):<10} {r.get('degree', 0):>3} {txs:>5} {r.get('dp', 1):>3} "
             f"{r.get('seq_len', 0):>7} {r.get('batch', 0):>3} {r.get('mode')!s:<7} {r['status']:<8} "
@@ -71,20 +73,41 @@ def summary_table(records: Iterable[dict[str, Any]]) -> str:
     reasons: dict[tuple[str, str], int] = {}
     for r in recs:
         if r["status"] != "ok":
-            key = (r["status"], str(r.get("reason") or "")[:150])
+            key = (r["status"], clean_reason(r.get("reason"))[:150])
             reasons[key] = reasons.get(key, 0) + 1
     for (status, why), n in list(reasons.items())[:6]:
         lines.append(f"  {status} ×{n}: {why}")
     if starred:
-        lines.append("* peak GiB: MemTracker total at the rank's peak (no allocator peaks on this device)")
+        lines.append("* peak GB: MemTracker total at the rank's peak (no allocator peaks on this device)")
     if offline:
         lines.append(
-            "estimated: fake tensors running the scheme code; modelled: closed-form formulas. Their peak GiB "
+            "estimated: fake tensors running the scheme code; modelled: closed-form formulas. Their peak GB "
             "and tok/s are predictions on the hardware profile, not measurements"
         )
     if cpu:
         lines.append("CPU (gloo): checks the machinery, not GPU performance; J/token and MFU are unavailable on CPU")
     return "\n".join(lines)
+
+
+GIB_TO_GB = 1.073741824  # records store GiB; the terminal, like the report and the paper, says GB
+GLOO_PATH = re.compile(r"\s*\[?[^\s\[\]]*/(?:gloo|third_party)/[^\s\]]*\]?")
+
+
+def gb(v: Any) -> Any:
+    """GiB -> GB for a number; anything else as is."""
+    return v * GIB_TO_GB if isinstance(v, (int, float)) else v
+
+
+def clean_reason(reason: Any) -> str:
+    """A failure reason without gloo's internal source paths ("[/pytorch/third_party/gloo/...pair.cc:534]")."""
+    return GLOO_PATH.sub("", str(reason or "")).strip()
+
+
+def _layout(r: dict) -> str:
+    """The T×Σ column: TSP's single axis is its degree D (not "8×8"); other schemes their T×Σ."""
+    if r.get("scheme") == "tsp":
+        return f"D={r.get('degree') or '-'}"
+    return f"{r.get('tp_degree') or '-'}×{r.get('sp_degree') or '-'}"
 
 
 def _variant(r: dict) -> str:
@@ -95,7 +118,7 @@ def _variant(r: dict) -> str:
 
 
 def breakdown_table(records: Iterable[dict[str, Any]]) -> str:
-    """Estimated / modelled runs: per-device peak GiB by category, predicted tok/s per device on the
+    """Estimated / modelled runs: per-device peak GB by category, predicted tok/s per device on the
     hardware profile (modelled rows), and communication GB per layer (forward + backward; a decode step's
     for mode=decode)."""
     cats = ("params", "grads", "optimizer", "activations", "temporaries", "comm_buffers", "kv_cache")
@@ -116,7 +139,7 @@ def breakdown_table(records: Iterable[dict[str, Any]]) -> str:
         + f" {'total':>7} {'pred tok/s/dev':>14} {'comm GB/layer':>13}"
     )
     lines = [
-        "per-device memory (GiB) by category, predicted throughput, communication per layer:",
+        "per-device memory (GB) by category, predicted throughput, communication per layer:",
         head,
         "-" * len(head),
     ]
@@ -126,10 +149,10 @@ def breakdown_table(records: Iterable[dict[str, Any]]) -> str:
         comm = (m.get("comm_bytes_per_layer_fwd") or 0) + (m.get("comm_bytes_per_layer_bwd") or 0)
         tps = m.get("predicted_tokens_per_s_per_device")
         lines.append(
-            f"{r['scheme']:<7} {str(r.get('tp_degree')) + '×' + str(r.get('sp_degree')):>5} {r.get('seq_len', 0):>7} "
+            f"{r['scheme']:<7} {_layout(r):>5} {r.get('seq_len', 0):>7} "
             f"{r['method']:<9} {r.get('hardware') or '-'!s:<7} "
-            + " ".join(f"{f(m.get(f'mem_{c}_gib'), '6.2f'):>6}" for c in cats)
-            + f" {f(m.get('mem_total_gib'), '7.2f'):>7} {f(tps, ',.0f'):>14} "
+            + " ".join(f"{f(gb(m.get(f'mem_{c}_gib')), '6.2f'):>6}" for c in cats)
+            + f" {f(gb(m.get('mem_total_gib')), '7.2f'):>7} {f(tps, ',.0f'):>14} "
             + f"{f(comm / 1e9 if comm else None, '.3f'):>13}"
             + ("" if r["status"] == "ok" else f"  {r['status']}")
         )

@@ -21,8 +21,9 @@ import pandas as pd
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 from tspbench.paths import reports_dir, templates_dir
-from tspbench.report.claims import claims_table, evidence_line, load_claim_list
-from tspbench.report.frame import CPU_NOTE, MEM_PARTS, WITHIN_PCT, fmt, fmt_seq, load_frame, num, records
+from tspbench.record.tables import clean_reason
+from tspbench.report.claims import LABELS_LEGEND, claims_table, grouped_claims, load_claim_list, verdict
+from tspbench.report.frame import CPU_NOTE, MEM_PARTS, WITHIN_PCT, fmt, fmt_seq, gb, load_frame, num, records
 
 # ---------------------------------------------------------------- other tables --------------------
 
@@ -31,12 +32,13 @@ def summary_rows(df: pd.DataFrame) -> list[dict]:
     """Per-scheme summary: one row per run, already sorted by scheme / layout / sequence length."""
     out = []
     for r in records(df):
-        parts = [f"{short} {fmt(r.get(k))}" for k, short in MEM_PARTS if num(r.get(k)) is not None]
-        alloc, res = num(r.get("peak_allocated_gib")), num(r.get("peak_reserved_gib"))
+        # Memory in GB, like the paper (records store GiB; docs/records.md).
+        parts = [f"{short} {fmt(gb(r.get(k)))}" for k, short in MEM_PARTS if num(r.get(k)) is not None]
+        alloc, res = gb(r.get("peak_allocated_gib")), gb(r.get("peak_reserved_gib"))
         peak = (
             f"{fmt(alloc)} / {fmt(res)}"
             if alloc is not None or res is not None
-            else (f"{fmt(r['mem_gib'])} ({r['mem_basis']})" if r["mem_gib"] is not None else "—")
+            else (f"{fmt(gb(r['mem_gib']))} ({r['mem_basis']})" if r["mem_gib"] is not None else "—")
         )
         out.append(
             {
@@ -76,7 +78,9 @@ def failure_rows(df: pd.DataFrame) -> list[dict]:
             "hw": r["hw"],
             "status": r["status"],
             # A log tail can be long; its end is where the error is.
-            "reason": (str(r.get("reason"))[-1500:] if r.get("reason") not in (None, "") else "no reason recorded"),
+            "reason": (
+                clean_reason(r.get("reason"))[-1500:] if r.get("reason") not in (None, "") else "no reason recorded"
+            ),
         }
         for r in records(bad)
     ]
@@ -172,6 +176,7 @@ def build_report(
     crow = claims_table(claims, df)
     write_exports(crow, csv_path, md_path)
     runs, configs = provenance_rows(df)
+    figures = make_figures(df, claims)
 
     env = Environment(
         loader=FileSystemLoader(templates_dir()),
@@ -187,13 +192,15 @@ def build_report(
         n_raw=n_raw,
         n_runs=len(df),
         claims_source=claims_source,
-        claims=crow,
-        evidence=evidence_line(claims, crow, claims_source),
+        groups=grouped_claims(crow),
+        verdict=verdict(grouped_claims(crow), claims_source),
+        labels_legend=LABELS_LEGEND.format(pct=WITHIN_PCT),
         within_pct=WITHIN_PCT,
         any_cpu=bool(not df.empty and df["is_cpu"].any()),
         cpu_note=CPU_NOTE,
         summary=summary_rows(df),
-        figures=make_figures(df),
+        figures=[f for f in figures if f["src"]],
+        empty_figures=[f for f in figures if not f["src"]],
         failures=failure_rows(df),
         trust=trust_section(paths),  # report/trust.py (issue 13)
         runs=runs,

@@ -8,6 +8,7 @@ from typing import Any
 
 import pandas as pd
 
+from tspbench.paper.claims import producing_command
 from tspbench.report.frame import (
     GIB_TO_GB,
     METHOD_ORDER,
@@ -107,6 +108,11 @@ def _values(claim: dict, r: dict, rows: list[dict]) -> list[tuple[float, str]]:
     return []
 
 
+def _baseline(basis: str) -> str:
+    """The baseline layout a speed-up row divides by ("" for other units)."""
+    return basis.split("÷ that of ", 1)[1].split(" (", 1)[0] if "÷ that of " in basis else ""
+
+
 def describe_claim(c: dict) -> str:
     """A readable name for a claim, e.g. "TSP D=8 memory, S=128K, 8 GPUs (mi300x)"."""
     kind = {"ratio": "speed-up"}.get(str(c.get("kind")), c.get("kind")) or {
@@ -141,6 +147,7 @@ def claims_table(claims: list[dict], df: pd.DataFrame) -> list[dict]:
             "source": c.get("source"),
             "ref": c.get("doc_ref") or c.get("source") or "",
             "claim_note": " · ".join(str(c[k]) for k in ("note", "source") if c.get(k)),
+            "command": producing_command(c),
         }
         matches = [r for r in rows if _matches(c, r, c.get("scheme"))]
         found = False
@@ -165,6 +172,8 @@ def claims_table(claims: list[dict], df: pd.DataFrame) -> list[dict]:
                         "model": r.get("model"),
                         "run_id": r.get("run_id"),
                         "basis": basis + ("" if ref else f"; model h={h:g}, not the paper's 4096"),
+                        "baseline": _baseline(basis),
+                        "ref_model": ref,
                     }
                 )
         if not found:
@@ -183,35 +192,135 @@ def claims_table(claims: list[dict], df: pd.DataFrame) -> list[dict]:
                     "model": None,
                     "basis": why,
                     "run_id": None,
+                    "baseline": "",
+                    "ref_model": False,
                 }
             )
     return out
 
 
-def evidence_line(claims: list[dict], rows: list[dict], claims_source: str) -> str:
-    """One sentence on what the evidence supports, generated from the table."""
-    if not claims:
-        return f"No paper claims to compare ({claims_source})."
-    got = [r for r in rows if r["ours"] is not None]
-    matched = {r["id"] for r in got}
-    within = {r["id"] for r in got if r["within"]}
-    gpu = {r["id"] for r in got if r["method"] == "measured" and not r["is_cpu"]}
-    per_method = ", ".join(
-        f"{sum(r['method'] == m for r in got)} {m}" for m in METHOD_ORDER if any(r["method"] == m for r in got)
-    )
-    s = (
-        f"{len(matched)} of {len(claims)} paper claims have a number in these results"
-        + (f" ({per_method} rows)" if per_method else "")
-        + f"; {len(within)} agree within ±{WITHIN_PCT:g}% in at least one row."
-    )
-    if matched and not gpu:
-        s += (
-            " None of these is a GPU measurement: estimated and modelled numbers are predictions "
-            "for the named hardware, and CPU (gloo) runs check the machinery, not GPU performance."
+# ---------------------------------------------------------------- one row per claim ---------------
+
+LABELS_LEGEND = (
+    "[secondary]: the published number is known only from secondary coverage (news items, third-party notes), "
+    "not yet checked against the paper's PDF; [paper/blog]: stated by the paper or Zyphra's blog; [ours]: our own "
+    "reconstruction. measured: timed on the named device (CPU (gloo) runs check the machinery, not GPU speed); "
+    "estimated: the scheme code traced on fake tensors (no device); modelled: closed-form formulas with the "
+    "hardware profile (no device). Green: within ±{pct:g}% of the paper; red: further off; grey: no number here."
+)
+
+
+def _pick(rows: list[dict]) -> tuple[tuple, list[dict]]:
+    """The rows of the layout (scheme layout, model, baseline) that best matches the published number:
+    the paper's model before any other, then the smallest |deviation| over its methods."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["layout"], r["model"], r["baseline"]), []).append(r)
+
+    def score(key: tuple) -> tuple:
+        devs = [abs(r["deviation_pct"]) for r in groups[key] if r["deviation_pct"] is not None]
+        return (not any(r["ref_model"] for r in groups[key]), min(devs) if devs else float("inf"))
+
+    best = min(groups, key=score)
+    return best, groups[best]
+
+
+def _cell(r: dict) -> dict:
+    return {k: r[k] for k in ("ours", "deviation_pct", "within", "hardware", "is_cpu", "basis", "run_id", "method")}
+
+
+def grouped_claims(rows: list[dict]) -> list[dict]:
+    """One entry per published number (claims_table's rows folded): the best-matching layout's number per
+    method side by side (`cells`: measured / estimated / modelled), how close estimated and modelled are,
+    the other layouts (`others`, folded in the page), and a status: holds, off, or none."""
+    order: dict[Any, list[dict]] = {}
+    for r in rows:
+        order.setdefault(r["id"], []).append(r)
+    out = []
+    for rs in order.values():
+        got = [r for r in rs if r["ours"] is not None]
+        head = {k: rs[0][k] for k in ("id", "claim", "tag", "ref", "claim_note", "claimed", "unit", "command")}
+        if not got:
+            out.append({**head, "status": "none", "cells": {}, "others": [], "why": rs[0]["basis"], "agree": ""})
+            continue
+        (layout, model, baseline), best = _pick(got)
+        cells: dict[str, dict] = {}
+        chosen: list[int] = []
+        for r in best:
+            if r["method"] not in cells:
+                cells[r["method"]] = _cell(r)
+                chosen.append(id(r))
+        est, mod = cells.get("estimated"), cells.get("modelled")
+        agree = ""
+        if est and mod and est["ours"] and mod["ours"]:
+            agree = f"estimated and modelled differ by {abs(est['ours'] - mod['ours']) / abs(mod['ours']) * 100:.1f}%"
+        within = any(c["within"] for c in cells.values())
+        out.append(
+            {
+                **head,
+                "status": "holds" if within else "off",
+                "layout": layout + (f" vs {baseline}" if baseline else ""),
+                "model": model,
+                "cells": cells,
+                "agree": agree,
+                "others": [r for r in got if id(r) not in chosen],
+                "why": "",
+            }
         )
-    elif matched - gpu:
-        s += (
-            f" Only {len(gpu)} claim(s) rest on GPU measurements; the rest are CPU, estimated or "
-            "modelled numbers, which are not GPU measurements."
+    return out
+
+
+def _how(cells: dict[str, dict]) -> str:
+    parts = []
+    for m in METHOD_ORDER:
+        c = cells.get(m)
+        if c:
+            parts.append(f"{m} on CPU (gloo)" if c["is_cpu"] else f"{m} for {c['hardware']}")
+    return ", ".join(parts)
+
+
+def verdict(groups: list[dict], claims_source: str) -> list[str]:
+    """The report's opening: which published numbers hold, which do not, which these results lack (and the
+    command that produces them), how each was obtained and what no GPU measured. One sentence per item."""
+    if not groups:
+        return [f"No paper claims to compare ({claims_source})."]
+    holds = [g for g in groups if g["status"] == "holds"]
+    off = [g for g in groups if g["status"] == "off"]
+    none = [g for g in groups if g["status"] == "none"]
+    out = [
+        f"Of {len(groups)} published numbers, {len(holds)} hold within ±{WITHIN_PCT:g}%, {len(off)} do not, and "
+        f"{len(none)} have no number in these results."
+    ]
+
+    def item(g: dict) -> str:
+        c = g["cells"]
+        best = min(c.values(), key=lambda x: abs(x["deviation_pct"]) if x["deviation_pct"] is not None else 1e9)
+        dev = f"{best['deviation_pct']:+.1f}%" if best["deviation_pct"] is not None else "no deviation"
+        return f"{g['claim']} ({dev}; {_how(c)})"
+
+    if holds:
+        out.append("Hold: " + "; ".join(item(g) for g in holds) + ".")
+    if off:
+        out.append("Do not hold: " + "; ".join(item(g) for g in off) + ".")
+    if none:
+        cmds: dict[str, list[str]] = {}
+        for g in none:
+            cmds.setdefault(g["command"] or "no known experiment", []).append(g["claim"])
+        out.append(
+            "Not in these results: "
+            + "; ".join(f"{', '.join(names)} (produced by `{cmd}`)" for cmd, names in cmds.items())
+            + "."
         )
-    return s
+    gpu = [g for g in groups if any(c["method"] == "measured" and not c["is_cpu"] for c in g["cells"].values())]
+    answered = [g for g in groups if g["cells"]]
+    if answered and not gpu:
+        out.append(
+            "Nothing here is measured on real GPU hardware: estimated and modelled numbers are predictions for the "
+            "named hardware, and CPU (gloo) runs check the machinery, not GPU performance."
+        )
+    elif len(gpu) < len(answered):
+        out.append(
+            f"Only {len(gpu)} of {len(answered)} answered numbers rest on a GPU measurement; the others are "
+            "predictions (estimated / modelled) or CPU runs."
+        )
+    return out

@@ -11,6 +11,8 @@ from __future__ import annotations
 import base64
 import io
 import math
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -68,20 +70,48 @@ def seq_axis(ax, xs) -> None:
 
 
 def lines(ax, sub: pd.DataFrame, y: str, pal: dict, scale: float = 1.0) -> None:
-    """One line per (scheme layout, method): colour = layout, line style and marker = method."""
-    for (label, method), g in sub.groupby(["label", "method"], sort=False):
-        g = g.dropna(subset=["seq_len", y]).sort_values("seq_len")
+    """One series per (scheme layout, method): colour = layout, line style and marker = method. Measured
+    points are markers only (nothing was measured between them); estimated and modelled series that agree
+    within AGREE_PCT at every shared point are drawn once, with their largest difference in the legend."""
+    series = {
+        key: g.dropna(subset=["seq_len", y]).groupby("seq_len")[y].last().astype(float)
+        for key, g in sub.groupby(["label", "method"], sort=False)
+    }
+    for (label, method), g in series.items():
         if g.empty:
             continue
+        name = f"{label} · {method}"
+        if method == "estimated" and (label, "modelled") in series:
+            other = series[(label, "modelled")]
+            common = g.index.intersection(other.index)
+            if len(common) == len(g) == len(other):
+                diff = max(abs(g[s] - other[s]) / abs(other[s]) * 100 if other[s] else 0.0 for s in common)
+                if diff <= AGREE_PCT:
+                    series[(label, "modelled")] = other.iloc[0:0]  # drawn here, once
+                    name = f"{label} · estimated = modelled (differ ≤ {diff:.2f}%)"
         ls, marker = METHOD_STYLE.get(method, ("-.", "d"))
         ax.plot(
-            g["seq_len"].astype(float),
-            g[y].astype(float) * scale,
-            ls=ls,
+            g.index.astype(float),
+            g.to_numpy() * scale,
+            ls="none" if method == "measured" else ls,
             marker=marker,
             color=pal.get(label),
-            label=f"{label} · {method}",
+            label=name,
         )
+
+
+def legend_outside(ax) -> None:
+    """The legend to the right of the axes, never over the data (constrained layout makes room for it)."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, frameon=False)
+
+
+def mem_unit(top_gb: float | None) -> tuple[float, str]:
+    """(factor from GB, unit) for memory of this magnitude: GB, or MB for tiny runs."""
+    return (1.0, "GB") if top_gb is None or top_gb >= 1.0 else (1e3, "MB")
+
+
+AGREE_PCT = 1.0  # estimated and modelled within this of each other are drawn as one series
 
 
 def panel_title(ax, name: str, is_cpu: bool) -> None:
@@ -100,7 +130,32 @@ def ok_with(df: pd.DataFrame, *cols: str) -> pd.DataFrame:
 # ---------------------------------------------------------------- figures -------------------------
 
 
-def fig_memory(df: pd.DataFrame, pal: dict):
+def paper_points(ax, claims: list[dict], unit: str, name: str, scale: float, per_gpu: bool = False) -> list[float]:
+    """The published values of `unit` for the hardware of this panel, as black stars at their sequence length;
+    returns those sequence lengths (for the axis ticks)."""
+    pts = [
+        c
+        for c in claims
+        if c.get("unit") == unit
+        and num(c.get("seq_len"))
+        and num(c.get("value"))
+        and (not c.get("hardware") or str(c["hardware"]) in name)
+    ]
+    for i, c in enumerate(pts):
+        v = float(c["value"]) / ((num(c.get("n_gpus")) or 1) if per_gpu else 1)
+        ax.scatter(
+            [float(c["seq_len"])],
+            [v * scale],
+            marker="*",
+            s=140,
+            color="black",
+            zorder=6,
+            label=f"paper {c.get('label') or ''}".strip() if i == 0 else None,
+        )
+    return [float(c["seq_len"]) for c in pts]
+
+
+def fig_memory(df: pd.DataFrame, pal: dict, claims: list[dict] | None = None):
     ok = ok_with(df, "seq_len", "mem_gib")
     oom = df[(df["status"] == "oom") & df["seq_len"].map(lambda v: num(v) is not None)] if not df.empty else df
     if ok.empty and oom.empty:
@@ -109,22 +164,25 @@ def fig_memory(df: pd.DataFrame, pal: dict):
     fig, axes, names, note = facets(both, "ctx")
     for ax, name in zip(axes, names):
         sub, bad = ok[ok["ctx"] == name], oom[oom["ctx"] == name]
-        lines(ax, sub, "mem_gib", pal)
+        data_top = sub["mem_gib"].max() * GIB_TO_GB if not sub.empty else None
+        factor, unit = mem_unit(data_top)
+        scale = GIB_TO_GB * factor  # GiB in the records -> GB or MB on the axis
+        lines(ax, sub, "mem_gib", pal, scale)
+        paper_s = paper_points(ax, claims or [], "GB", name, 1.0) if unit == "GB" else []
         cap = both[both["ctx"] == name]["capacity_gib"].map(num).dropna()
         top = cap.max() if not cap.empty else None
         title = name
         if top:
-            cap_text = f"device capacity {top * GIB_TO_GB:.0f} GB ({top:.0f} GiB)"
-            data_top = sub["mem_gib"].max() if not sub.empty else 0.0
-            if data_top >= 0.2 * top or not bad.empty:
-                ax.axhline(top, color="crimson", ls="--", lw=1, label=cap_text)
+            cap_text = f"device capacity {top * GIB_TO_GB:.0f} GB"
+            if (data_top or 0.0) >= 0.2 * top * GIB_TO_GB or not bad.empty:
+                ax.axhline(top * scale, color="crimson", ls="--", lw=1, label=cap_text)
             else:  # a line far above small data would flatten it; say it in the title instead
                 title += f"\n({cap_text}: off scale)"
                 top = None
         if not bad.empty:
             # An OOM has no peak; draw it on the capacity line (else at the top of the data).
             fallback = top or (sub["mem_gib"].max() if not sub.empty else 1.0)
-            ys = [num(v) or fallback for v in bad["mem_gib"]]
+            ys = [(num(v) or fallback) * scale for v in bad["mem_gib"]]
             ax.scatter(
                 bad["seq_len"].astype(float),
                 ys,
@@ -135,13 +193,13 @@ def fig_memory(df: pd.DataFrame, pal: dict):
                 edgecolors="black",
                 label="OOM",
             )
-        seq_axis(ax, both[both["ctx"] == name]["seq_len"])
-        ax.set_ylabel("peak memory per device (GiB)")
+        seq_axis(ax, list(both[both["ctx"] == name]["seq_len"]) + paper_s)
+        ax.set_ylabel(f"peak memory per device ({unit})")
         panel_title(ax, title, False)
-        ax.legend(fontsize=7)
+        legend_outside(ax)
     return fig, (
         "Measured runs: peak reserved (else allocated); estimated/modelled: predicted peak "
-        "(mem_total_gib). × marks OOM runs." + note
+        "(mem_total_gib), in GB (MB for tiny runs). ★ the paper's published value; × marks OOM runs." + note
     )
 
 
@@ -161,38 +219,44 @@ def fig_breakdown(df: pd.DataFrame, pal: dict):
         sub = sub[sub["seq_len"].map(num) == s_max].drop_duplicates("label", keep="last")
         bottom = np.zeros(len(sub))
         for (key, part), colour in zip(MEM_PARTS, colours):
-            vals = np.array([num(v) or 0.0 for v in sub.get(key, [None] * len(sub))])
+            vals = np.array([(num(v) or 0.0) * GIB_TO_GB for v in sub.get(key, [None] * len(sub))])
             ax.bar(range(len(sub)), vals, bottom=bottom, color=colour, label=part)
             bottom += vals
         ax.set_xticks(range(len(sub)), list(sub["label"]), rotation=20, ha="right", fontsize=8)
-        ax.set_ylabel("GiB per device")
+        ax.set_ylabel("GB per device")
         panel_title(ax, f"{name} · S={fmt_seq(s_max)}", False)
-        ax.legend(fontsize=7)
+        legend_outside(ax)
     return fig, "Memory breakdown per device at the longest sequence length of each panel." + note
 
 
-def metric_vs_seq(ok: pd.DataFrame, col: str, ylabel: str, pal: dict, integer_ticks: bool = False):
+def metric_vs_seq(
+    ok: pd.DataFrame, col: str, ylabel: str, pal: dict, integer_ticks: bool = False, paper: list[dict] | None = None
+):
     """One panel per context: `col` against sequence length, a line per scheme."""
     fig, axes, names, note = facets(ok, "ctx")
     for ax, name in zip(axes, names):
         sub = ok[ok["ctx"] == name]
         lines(ax, sub, col, pal)
-        seq_axis(ax, sub["seq_len"])
+        paper_s = paper_points(ax, paper, "tokens/s", name, 1.0, per_gpu=True) if paper else []
+        seq_axis(ax, list(sub["seq_len"]) + paper_s)
         if integer_ticks:
             ax.set_ylim(bottom=0)
             ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: fmt(v, 0)))
         ax.set_ylabel(ylabel)
         panel_title(ax, name, bool(sub["is_cpu"].any()))
-        ax.legend(fontsize=7)
+        legend_outside(ax)
     return fig, note
 
 
-def fig_throughput(df: pd.DataFrame, pal: dict):
+def fig_throughput(df: pd.DataFrame, pal: dict, claims: list[dict] | None = None):
     ok = ok_with(df, "seq_len", "tok_dev")
     if ok.empty:
         return NO_DATA + ": needs tokens_per_s(_per_device) or predicted_tokens_per_s."
-    fig, note = metric_vs_seq(ok, "tok_dev", "tokens/s per device", pal, integer_ticks=True)
-    return fig, "Tokens/s per device (global tokens/s ÷ world size where not recorded)." + note
+    fig, note = metric_vs_seq(ok, "tok_dev", "tokens/s per device", pal, integer_ticks=True, paper=claims)
+    return fig, (
+        "Tokens/s per device (global tokens/s ÷ world size where not recorded). ★ the paper's published "
+        "cluster throughput ÷ its GPU count." + note
+    )
 
 
 def crossover_bs(row: pd.Series) -> float | None:
@@ -219,7 +283,7 @@ def fig_comm(df: pd.DataFrame, pal: dict):
         seq_axis(ax, sub["seq_len"])
         ax.set_ylabel(f"forward bytes per layer per device ({unit})")
         panel_title(ax, name, False)
-        ax.legend(fontsize=7)
+        legend_outside(ax)
     return fig, (
         "Communication volume per layer (forward). Dotted grey: analytic TSP ≤ TP crossover "
         "B·S ≥ (2+2/g+3F)·h/(4−2/g); solid black: where the data cross." + note
@@ -267,7 +331,7 @@ def fig_step_split(df: pd.DataFrame, pal: dict):
     ax.invert_yaxis()
     ax.set_xlabel("ms per step")
     panel_title(ax, "Step time split (measured)", bool(ok["is_cpu"].any()))
-    ax.legend(fontsize=7)
+    legend_outside(ax)
     return fig, "Compute vs exposed (not overlapped) communication per step, measured runs only."
 
 
@@ -299,7 +363,7 @@ def fig_power(df: pd.DataFrame, pal: dict):
                 )
     ax.set_xlabel("time (s)")
     ax.set_ylabel("power per device (W)")
-    ax.legend(fontsize=7)
+    legend_outside(ax)
     return fig, "Power over the timed window, one line per rank (longest sequence per layout)."
 
 
@@ -376,15 +440,15 @@ def fig_prediction(df: pd.DataFrame, pal: dict):
         ax.set_yscale("log")
         ax.set_xlabel(f"measured {what}")
         ax.set_ylabel(f"predicted {what}")
-        ax.legend(fontsize=7)
+        legend_outside(ax)
     return fig, (
         "Model accuracy: predicted (estimated/modelled) vs measured for the same scheme, "
         "sequence, layout and model. Memory: predicted peak vs measured peak allocated."
     )
 
 
-FIGURES = (
-    ("fig-memory", "Peak memory per device vs sequence length", fig_memory),
+FIGURES: tuple[tuple[str, str, Callable[..., Any]], ...] = (
+    ("fig-memory", "Peak memory per device vs sequence length", fig_memory),  # (df, pal, claims)
     ("fig-breakdown", "Memory breakdown per scheme", fig_breakdown),
     ("fig-throughput", "Tokens/s per device vs sequence length", fig_throughput),
     ("fig-comm", "Communication volume per layer vs sequence length", fig_comm),
@@ -417,13 +481,20 @@ FIGURES = (
 )
 
 
-def make_figures(df: pd.DataFrame) -> list[dict]:
-    """[{id, title, src (data: URI) or None, caption or note}] in report order."""
+WITH_CLAIMS = {"fig-memory", "fig-throughput"}  # figures that draw the paper's published values
+
+
+def make_figures(df: pd.DataFrame, claims: list[dict] | None = None) -> list[dict]:
+    """[{id, title, src (data: URI) or None, caption or note}] in report order; `claims` (the paper's
+    published numbers) are drawn as markers on the memory and throughput figures."""
     pal = palette(df)
     out = []
     with sns.axes_style("whitegrid"), sns.plotting_context("notebook", font_scale=0.8):
         for fid, title, fn in FIGURES:
-            got = fn(df, pal) if not df.empty else f"{NO_DATA}: no runs in these results."
+            if df.empty:
+                got: Any = f"{NO_DATA}: no runs in these results."
+            else:
+                got = fn(df, pal, claims or []) if fid in WITH_CLAIMS else fn(df, pal)
             if isinstance(got, str):
                 out.append({"id": fid, "title": title, "src": None, "caption": got})
             else:

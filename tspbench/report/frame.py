@@ -269,6 +269,12 @@ def fmt(x: Any, digits: int = 2) -> str:
     return f"{v:.{digits}f}" if abs(v) < 100 else f"{v:.0f}"
 
 
+def gb(x: Any) -> float | None:
+    """GiB (how records store memory) -> GB (how the paper and this report state it), None when missing."""
+    v = num(x)
+    return None if v is None else v * GIB_TO_GB
+
+
 def fmt_seq(x: Any) -> str:
     v = num(x)
     if v is None:
