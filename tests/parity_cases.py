@@ -175,7 +175,8 @@ def decode_cases_for_world(world: int) -> list[tuple[VerifyConfig, str | None]]:
         _vc(model, scheme, degree, variant, tp), decode_steps=GREEDY_TOKENS, greedy=True
     )
     if world == 2:
-        out += [(greedy(GQA, s, 2, v, tp), None) for s, v, tp in (("tp", "allgather", 0), ("tp_msp", "allgather", 0), ("sp", "ring", 0))]
+        for scheme, variant in (("tp", "allgather"), ("tp_msp", "allgather"), ("sp", "ring")):
+            out.append((greedy(GQA, scheme, 2, variant), None))
         out += [(greedy(GQA, "tsp", 2), None), (greedy(MHA, "tp_sp", 2, tp=2), None)]
         out += [(greedy(MHA, "tsp", 2), "wrong_cache_position"), (greedy(MHA, "sp", 2), "wrong_cache_position")]
     if world == 4:
