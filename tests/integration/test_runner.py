@@ -140,6 +140,8 @@ def test_decode_mode_measures_prefill_decode_and_kv_cache(tmp_path):
         assert m["tokens_per_step"] == 1 and m["tokens_per_s"] > 0 and m["loss"] is None
         assert m["prefill_ms"] > 0 and m["prefill_tokens_per_s"] > 0
         assert m["decode_ms_per_token_p50"] == m["step_time_ms_p50"]
+        assert m["prefill_ms"] <= m["ttft_ms"] and m["decode_ms_per_token_p99"] >= m["decode_ms_per_token_p50"]
+        assert m["decode_ms_per_token_p99"] in [t for ts in r["per_rank"]["step_time_ms"] for t in ts]
     # 1 layer, B = 1, 8 KV heads of 8 dims, fp32; 32 prompt tokens + 3 decoded (step 0 and the 2-step window).
     # tp: every token, 4 of the 8 heads; tsp: every head of its 16 prompt tokens + positions 32 and 34 (rank 0
     # owns the even ones); the record keeps the largest rank's cache
