@@ -18,6 +18,7 @@ EXAMPLES = [
     "python -m tspbench.verify scheme=tp_sp degree=8 tp=2 sp_variant=ring seq_len=64",
     "python -m tspbench.verify scheme=sp degree=2 dp=2 recompute=full model.n_kv_heads=2",
     "python -m tspbench.verify scheme=tsp degree=4 decode_steps=4      # serving: prefill + 4 decoded tokens",
+    "python -m tspbench.verify scheme=tsp degree=2 decode_steps=16 greedy=true  # 16 greedy tokens, exact",
 ]
 
 
