@@ -31,6 +31,7 @@ KV_REPLICATED = {
     + [(KV2, "tp_sp", 8, 4, "none"), (KV1, "tp_sp", 8, 4, "none"), (KV2, "tp_sp", 8, 4, "selective")],
 }
 RECOMPUTE = ("none", "selective", "full")
+GREEDY_TOKENS = 16  # decode steps of the greedy-generation cases (a multiple of D ∈ {2, 4}: a balanced cache)
 SMALL_BUCKET = 512  # elements: gradient buckets of one lone gradient and of several packed ones both occur
 
 # (scheme, sp_variant, tp) for a group of `degree` ranks
@@ -87,6 +88,8 @@ def case_id(vc: VerifyConfig, breakage: str | None) -> str:
         s += f"-bucket{vc.grad_bucket_elems}"
     if vc.decode_steps:
         s += f"-decode{vc.decode_steps}"
+    if vc.greedy:
+        s += "-greedy"
     return s + (f"-BROKEN_{breakage}" if breakage else "")
 
 
@@ -234,6 +237,17 @@ def decode_cases_for_world(world: int) -> list[tuple[VerifyConfig, str | None]]:
             (dec(MHA, "tp", 2), "missing_allreduce"),
             (dec(MHA, "tsp", 2), "missing_allreduce"),
         ]
+    # greedy generation, 16 tokens: a few schemes at D = 2, tsp at D = 4, a broken cache position at D = 2
+    greedy = lambda model, scheme, degree, variant="allgather", tp=0: replace(  # noqa: E731
+        _vc(model, scheme, degree, variant, tp), decode_steps=GREEDY_TOKENS, greedy=True
+    )
+    if world == 2:
+        for scheme, variant in (("tp", "allgather"), ("tp_msp", "allgather"), ("sp", "ring")):
+            out.append((greedy(GQA, scheme, 2, variant), None))
+        out += [(greedy(GQA, "tsp", 2), None), (greedy(MHA, "tp_sp", 2, tp=2), None)]
+        out += [(greedy(MHA, "tsp", 2), "wrong_cache_position"), (greedy(MHA, "sp", 2), "wrong_cache_position")]
+    if world == 4:
+        out += [(greedy(GQA, "tsp", 4), None)]
     return out
 
 

@@ -142,6 +142,8 @@ def test_decode_mode_measures_prefill_decode_and_kv_cache(tmp_path):
         assert m["tokens_per_step"] == 1 and m["tokens_per_s"] > 0 and m["loss"] is None
         assert m["prefill_ms"] > 0 and m["prefill_tokens_per_s"] > 0
         assert m["decode_ms_per_token_p50"] == m["step_time_ms_p50"]
+        assert m["prefill_ms"] <= m["ttft_ms"] and m["decode_ms_per_token_p99"] >= m["decode_ms_per_token_p50"]
+        assert m["decode_ms_per_token_p99"] in [t for ts in r["per_rank"]["step_time_ms"] for t in ts]
     # 1 layer, B = 1, 8 KV heads of 8 dims, fp32; 32 prompt tokens + 3 decoded (step 0 and the 2-step window).
     # tp: every token, 4 of the 8 heads; tsp: every head of its 16 prompt tokens + positions 32 and 34 (rank 0
     # owns the even ones); the record keeps the largest rank's cache
@@ -256,6 +258,35 @@ def test_multirun_sweep_writes_one_combined_jsonl(tmp_path):
     assert (sweep / "0" / "results.jsonl").exists() and (sweep / "1" / "results.jsonl").exists()
     assert f"results (combined): {combined}" in r.stdout
     assert "2/2 runs ok" in r.stdout
+
+
+@pytest.mark.slow
+def test_submitit_local_sweep_writes_records_and_report(tmp_path):
+    """The same `-m` sweep through hydra-submitit-launcher (`hydra/launcher=submitit_local`: each job a
+    submitit subprocess, as on Slurm): per-job records, the combined JSONL and the report where a local run
+    puts them."""
+    sweep, t0 = tmp_path / "sweep", time.time()
+    r = run_cli(
+        [
+            "-m",
+            "+exp=smoke",
+            *[a for a in FAST if not a.startswith("seq_len")],
+            "schemes=[single]",
+            "seq_len=32,64",
+            "hydra/launcher=submitit_local",
+            "hydra.launcher.timeout_min=5",
+            f"hydra.sweep.dir={sweep}",
+        ],
+        timeout=240,
+    )
+    assert r.returncode == 0, r.stderr
+    recs = records(sweep / "results.jsonl")
+    assert sorted((x["seq_len"], x["status"]) for x in recs) == [(32, "ok"), (64, "ok")]
+    assert (sweep / "0" / "results.jsonl").exists() and (sweep / "1" / "results.jsonl").exists()
+    assert list(sweep.glob(".submitit/*")), "the jobs did not go through submitit"
+    assert "2/2 runs ok" in r.stdout
+    # the report: where a local multirun writes it (reports/<exp_name>-multirun-<time>.html)
+    assert [p for p in (ROOT / "reports").glob("smoke-multirun-*.html") if p.stat().st_mtime >= t0 - 1], r.stdout
 
 
 # ------------------------------------------------------------------------------ measurers (no ranks)

@@ -48,7 +48,8 @@ def rank(mode: str) -> dict:
     """What tspbench.run.worker gathers from one rank (here made up, the keys are what matter)."""
     mem = {k: 0.1 for k in memory_mod.BREAKDOWN_KEYS}
     mem.update(mem_breakdown_method="MemTracker", mem_breakdown_reason=None)
-    serving = {"prefill_ms": 1.0, "kv_cache_gib": 0.1, "kv_cache_allocated_gib": 0.1} if mode == "decode" else {}
+    serving = {"prefill_ms": 1.0, "ttft_ms": 1.5, "kv_cache_gib": 0.1, "kv_cache_allocated_gib": 0.1}
+    serving = serving if mode == "decode" else {}
     return {
         "step_ms": [1.0, 2.0],
         "window_s": 0.01,

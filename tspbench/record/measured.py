@@ -5,6 +5,8 @@ with the largest total, energy summed over ranks, serving metrics, and layer-0 c
 
 from __future__ import annotations
 
+import math
+
 from tspbench.measure import flops as flops_mod
 from tspbench.measure import memory as memory_mod
 from tspbench.measure import timing
@@ -96,7 +98,9 @@ def build_record(
         m["prefill_ms"] = max(r["serving"]["prefill_ms"] for r in ranks)
         m["prefill_tokens_per_s"] = spec.dp * spec.batch * spec.seq_len / (m["prefill_ms"] / 1e3)
         m["kv_cache_gib"] = max(r["serving"]["kv_cache_gib"] for r in ranks)
+        m["ttft_ms"] = max(r["serving"]["ttft_ms"] for r in ranks)
         m["decode_ms_per_token_p50"] = m.get("step_time_ms_p50")
+        m["decode_ms_per_token_p99"] = percentile([t for r in ranks for t in r["step_ms"]], 99)
         m["kv_cache_allocated_gib"] = max(r["serving"]["kv_cache_allocated_gib"] for r in ranks)
         if m.get("mem_total_gib") is not None:  # the cache predates the tracked step: add it as a category
             m["mem_kv_cache_gib"] = m["kv_cache_allocated_gib"]
@@ -143,3 +147,11 @@ def replicas_in_sync(per_rank: list[dict[str, tuple[int, float, float]]]) -> tup
             if first != (total, squares) and f"{name}[{slice_index}]" not in bad:
                 bad.append(f"{name}[{slice_index}]")
     return not bad, bad[:10]
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Nearest-rank percentile (no interpolation: a value that was measured); None for no values."""
+    if not values:
+        return None
+    xs = sorted(values)
+    return xs[max(0, math.ceil(q / 100 * len(xs)) - 1)]

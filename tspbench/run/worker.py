@@ -4,7 +4,8 @@ Reads a frozen RunSpec (JSON, written by the parent launcher), joins the default
 torchrun environment (RANK, WORLD_SIZE, LOCAL_RANK; gloo on CPU, NCCL on CUDA), builds the scheme's model
 from the seed, and runs:
 
-    (decode only)     the KV-cache prefill of seq_len tokens, timed once with syncs at its edges
+    (decode only)     the KV-cache prefill of seq_len tokens and the first generated token, timed once with
+                      syncs at its edges (prefill_ms, ttft_ms)
     step 0            untimed; the CommLog records every collective (comm bytes per layer), then stops
     warm-up           warmup_steps − 1 more untimed steps
     measured window   sync → measured_steps steps (no sync, no .item()) → sync; time, peak memory and
@@ -133,7 +134,7 @@ def benchmark(spec: RunSpec, device: torch.device, rank: int, world: int) -> dic
     fault = Fault(spec.fault, rank)
     serving: dict = {}
     if decode:
-        serving = prefill(pm, tok, pos, device, new_tokens=extra)
+        serving = prefill(pm, tok, pos, device, new_tokens=extra, seq_len=s)
         position = [s]
 
     steps_taken = [0]
@@ -223,17 +224,28 @@ def benchmark(spec: RunSpec, device: torch.device, rank: int, world: int) -> dic
     )
 
 
-def prefill(pm, tok: torch.Tensor, pos: torch.Tensor, device: torch.device, new_tokens: int) -> dict:
+def prefill(pm, tok: torch.Tensor, pos: torch.Tensor, device: torch.device, new_tokens: int, seq_len: int) -> dict:
     """Serving: fill empty KV caches with the prompt (this scheme's token layout, room reserved for the
-    tokens the run will decode), timed once."""
+    tokens the run will decode), timed once. Two clocks from the same start: `prefill_ms` stops after the
+    forward; `ttft_ms` (time to first token) stops once every rank holds the first generated token, the greedy
+    choice at the prompt's last position (its logits taken on the rank that holds that position, summed over
+    the sequence group, the vocabulary gathered where it is split)."""
     pm.start_kv_cache(new_tokens)
+    last = (pos == seq_len - 1).nonzero()  # host sync, outside the timed window: where position S − 1 is
+    at = int(last[0, 0]) if last.numel() else None
     dist.barrier()
     timing.sync(device)
     t0 = time.perf_counter()
     with torch.no_grad():
-        pm(tok, pos)
+        logits = pm(tok, pos)
+        timing.sync(device)
+        prefill_ms = (time.perf_counter() - t0) * 1e3
+        first = logits[:, at : at + 1] if at is not None else torch.zeros_like(logits[:, :1])
+        if pm.seq is not None:
+            dist.all_reduce(first, group=pm.seq.group)  # one rank holds position S − 1, the others add zeros
+        pm.full_decode_logits(first).argmax(-1)
     timing.sync(device)
-    return {"prefill_ms": (time.perf_counter() - t0) * 1e3}
+    return {"prefill_ms": prefill_ms, "ttft_ms": (time.perf_counter() - t0) * 1e3}
 
 
 def write_status(spec: RunSpec, rank: int, status: str, reason: str, tb: str = "") -> None:

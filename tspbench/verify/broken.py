@@ -105,6 +105,23 @@ def decode_cached_everywhere():
 
 
 @contextlib.contextmanager
+def wrong_cache_position():
+    """Serving: a decode step writes the new token's K/V one slot early (position − 1 in the cache), over the
+    previous token's entry, so the cache loses a token and the new key sits where the last one was."""
+    from tspbench.model import LayerKV
+
+    real = LayerKV.append
+
+    def append(self, k, v):
+        if k.shape[2] == 1 and self.length > 0:  # a decode step (the prefill appends many tokens at once)
+            self.length -= 1
+        return real(self, k, v)
+
+    with mock.patch.object(LayerKV, "append", append):
+        yield
+
+
+@contextlib.contextmanager
 def ring_head_local_softmax():
     """TSP vocab=ring: the cross-entropy normalises each shard's logits on its own (a log-sum-exp that is
     reset at every ring step) instead of folding the shards into one online softmax."""
@@ -226,6 +243,7 @@ BREAKAGES = {
     "head_input_grad_not_reduced": head_input_grad_not_reduced,
     "decode_cached_everywhere": decode_cached_everywhere,
     "ring_head_local_softmax": ring_head_local_softmax,
+    "wrong_cache_position": wrong_cache_position,
     "perturbed_replica_grad": perturbed_replica_grad,
     "kv_head_wrong_group": kv_head_wrong_group,
     "fsdp_no_reduce_scatter": fsdp_no_reduce_scatter,

@@ -53,6 +53,10 @@ class VerifyConfig(ParallelConfig):
     decode_steps: int = 0
     """Serving instead of training: prefill seq_len tokens into a KV cache, then decode this many tokens one
     at a time, comparing the prefill and every decode step's logits with the reference (tspbench/verify/serve.py)."""
+    greedy: bool = False
+    """Serving only: greedy generation instead of teacher forcing. Each decode step is fed the argmax of the
+    previous step's logits (the first: the prefill's last position); the generated tokens must equal the
+    single-device model's greedy tokens exactly and every step's logits within the dtype tolerance."""
 
     def parallel(self) -> ParallelConfig:
         """The layout alone (what the schemes take)."""
@@ -74,6 +78,8 @@ class VerifyConfig(ParallelConfig):
             raise ConfigError(f"device={self.device!r} is unknown; allowed: cpu, cuda")
         if self.decode_steps < 0:
             raise ConfigError(f"decode_steps={self.decode_steps} must be ≥ 0 (0: training parity)")
+        if self.greedy and self.decode_steps == 0:
+            raise ConfigError("greedy=true needs decode_steps ≥ 1 (the number of greedily generated tokens)")
         if self.device == "cuda" and torch.cuda.device_count() < self.parallel().world_size:
             raise ConfigError(
                 f"device=cuda needs {self.parallel().world_size} GPUs (dp × degree), "

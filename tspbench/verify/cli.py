@@ -19,6 +19,7 @@ EXAMPLES = [
     "python -m tspbench.verify scheme=sp degree=2 dp=2 recompute=full model.n_kv_heads=2",
     "python -m tspbench.verify scheme=sp degree=4 sp_variant=ulysses   # DeepSpeed-Ulysses all-to-all",
     "python -m tspbench.verify scheme=tsp degree=4 decode_steps=4      # serving: prefill + 4 decoded tokens",
+    "python -m tspbench.verify scheme=tsp degree=2 decode_steps=16 greedy=true  # 16 greedy tokens, exact",
 ]
 
 

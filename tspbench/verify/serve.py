@@ -8,6 +8,12 @@ equal its first seq_len positions and each decode step's logits its position, wi
 tspbench.verify.parity (a KV cache only changes the order of the same sums). Also recorded: each rank's KV-cache
 bytes (the group's sum must equal the reference cache: nothing duplicated, nothing missing) and the
 collectives of layer 0 in one decode step.
+
+`greedy=true` generates instead (no teacher forcing): each decode step is fed the argmax of the previous
+logits, the first the prefill's last position. The reference generates greedily with full forwards of the
+single-device model (no cache); the decode_steps + 1 tokens must be identical (check `greedy_tokens`, on every
+rank: each rank's own argmax, so a rank whose replicated logits diverged is caught too) and every step's
+logits within tolerance of the reference's last position.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import torch.distributed as dist
 
 from tspbench.config import DTYPES
 from tspbench.model import build_model, synthetic_batch
-from tspbench.verify.case import TOL, CaseResult, VerifyConfig
+from tspbench.verify.case import TOL, CaseResult, TensorCheck, VerifyConfig
 from tspbench.verify.case import breakage as _breakage
 from tspbench.verify.case import check_tensor as _check
 
@@ -39,20 +45,28 @@ def run_decode_case(vc: VerifyConfig, breakage: str | None = None) -> CaseResult
         tok, _, pos = pm.local_batch(tokens[:, :s], tokens[:, :s])
         prefill = _replicas(pm, pm.full_logits(pm(tok, pos)))  # [dp·B, S, V]
         steps = []
+        gen = [prefill[:, -1:].argmax(-1)]  # [dp·B, 1]: greedy's first token, at position s
         for t in range(s, s + n):
             log.clear()
-            steps.append(_replicas(pm, pm.full_decode_logits(pm.decode(tokens[:, t : t + 1], t))))
+            fed = gen[-1] if vc.greedy else tokens[:, t : t + 1]
+            steps.append(_replicas(pm, pm.full_decode_logits(pm.decode(fed, t))))
+            gen.append(steps[-1][:, -1:].argmax(-1))
         comm0 = log.summary("layer0")
         ops0 = [(r.op, r.phase, r.numel, r.recv_numel) for r in log.records if r.tag == "layer0"]
     sizes: list = [None] * dist.get_world_size()
-    dist.all_gather_object(sizes, (pm.param_bytes(), pm.kv_cache_bytes()))
+    dist.all_gather_object(sizes, (pm.param_bytes(), pm.kv_cache_bytes(), torch.cat(gen, 1).cpu()))
     if dist.get_rank() != 0:
         return None
 
     ref = build_model(vc.model, vc.seed, dtype, device)
     with torch.no_grad():
-        ref_logits = ref(tokens)  # [dp·B, S + n, V]
+        if vc.greedy:
+            ref_tokens, ref_logits = _greedy_reference(ref, tokens[:, :s], n)
+        else:
+            ref_logits = ref(tokens)  # [dp·B, S + n, V]
     checks = [_check("prefill_logits", prefill, ref_logits[:, :s], tol)]
+    if vc.greedy:
+        checks += [_same_tokens(f"greedy_tokens/rank{r}", x[2], ref_tokens[:, s:].cpu()) for r, x in enumerate(sizes)]
     checks += [
         _check(f"decode_logits/pos{t}", got[:, 0], ref_logits[:, t], tol) for t, got in zip(range(s, s + n), steps)
     ]
@@ -67,6 +81,25 @@ def run_decode_case(vc: VerifyConfig, breakage: str | None = None) -> CaseResult
         breakage,
         [x[1] for x in sizes],
     )
+
+
+def _greedy_reference(ref, prompt: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Single-device greedy generation without a cache: n + 1 tokens after the prompt (the first from the
+    prompt's last position, then one per decode step). Returns (prompt ‖ generated tokens [B, S + n + 1],
+    logits [B, S + n, V] at every position the parallel run produced logits for)."""
+    seq = prompt
+    for _ in range(n + 1):
+        logits = ref(seq)
+        seq = torch.cat([seq, logits[:, -1:].argmax(-1)], 1)
+    return seq, logits
+
+
+def _same_tokens(name: str, got: torch.Tensor, ref: torch.Tensor) -> TensorCheck:
+    """Exact token equality; max_rel is the fraction of generated tokens that differ."""
+    if got.shape != ref.shape:
+        return TensorCheck(name, float("inf"), float("inf"), 0.0, False)
+    wrong = (got != ref).double().mean().item()
+    return TensorCheck(name, wrong, wrong, 0.0, wrong == 0.0)
 
 
 def _replicas(pm, logits: torch.Tensor) -> torch.Tensor:
