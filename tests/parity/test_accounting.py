@@ -167,7 +167,7 @@ def test_ulysses_collective_pattern(parity_results, cid):
     qkv, o = tokens * (m.dim + 2 * m.dim * m.n_kv_heads / m.n_heads) / t, tokens * m.dim / t  # tp_sp: n/T heads
     ops = parity_results(world)[cid]["comm_ops_layer0"]
     for phase, sizes in (("fwd", [qkv, o]), ("bwd", [o, qkv])):
-        got = [(op[0], op[2], op[3]) for op in ops if op[1] == phase and op[0] != "all_reduce"]
+        got = [(op[0], op[2], op[3]) for op in ops if op[1] == phase and op[0] == "all_to_all"]  # tp_sp: + T axis
         assert got == [("all_to_all", size, size * (n - 1) / n) for size in sizes]
 
 
