@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The prepared check for a lent single GPU (the `device` tool of the tool library): about 6 minutes, < 8.
+# The prepared check for a lent single GPU (the `device` tool of the tool library): about 6 minutes; the step
+# time limits add up to 470 s (< 8 minutes).
 #
 #   bash scripts/device_check.sh [--dry-run] [OUTDIR]
 #
@@ -18,7 +19,9 @@
 # schemes at llama7b shapes, real CUDA allocations under the fake process group, beside the fake-tensor
 # estimate and the cost model; (3) timing: single-GPU runs through the runner (CUDA-event step times, prefill,
 # time to first token, decode p50/p99, allocator peaks, NVML energy). Never multi-GPU throughput.
-# Not yet here: `gpu_check --time` (rank 0's compute-only time at paper shapes, a calibration file).
+# (4) compute-only time: `gpu_check --time`, rank 0's forward and training step at paper shapes (collectives are
+# no-ops) and the GEMM / attention efficiencies, written to $OUT/h200.calibration.json (commit it beside
+# conf/hardware/h200.yaml for the time model to use it).
 set -uo pipefail
 DRY=0
 if [ "${1:-}" = "--dry-run" ]; then DRY=1; shift; fi
@@ -41,9 +44,11 @@ if [ "$DRY" = 0 ]; then
   { nvidia-smi; $PY -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())"; } \
     > "$OUT/env.txt" 2>&1
 fi
-step 120 "$OUT/gpu_tests.txt" "$OUT/gpu_tests.txt" $PY -m pytest -q -p no:cacheprovider -m gpu tests/gpu
-step 240 "$OUT/gpu_check.jsonl" "$OUT/gpu_check.err" $PY -m tspbench.gpu_check --device cuda
-step 150 "$OUT/smoke.txt" "$OUT/smoke.err" $PY -m tspbench +exp=smoke device=cuda 'schemes=[single]' \
+step 90 "$OUT/gpu_tests.txt" "$OUT/gpu_tests.txt" $PY -m pytest -q -p no:cacheprovider -m gpu tests/gpu
+step 180 "$OUT/gpu_check.jsonl" "$OUT/gpu_check.err" $PY -m tspbench.gpu_check --device cuda
+step 100 "$OUT/gpu_time.jsonl" "$OUT/gpu_time.err" $PY -m tspbench.gpu_check --device cuda --time --hardware h200 \
+  --calibration-out "$OUT"
+step 100 "$OUT/smoke.txt" "$OUT/smoke.err" $PY -m tspbench +exp=smoke device=cuda 'schemes=[single]' \
   'modes=[train,forward,decode]' model=small dtype=bfloat16 seq_len=4096 "hydra.run.dir=$OUT/run" report=false
 [ "$DRY" = 1 ] && { cat "$OUT/commands.txt"; exit 0; }
 cp "$OUT/run/results.jsonl" "$OUT/results.jsonl" 2>/dev/null

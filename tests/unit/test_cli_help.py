@@ -31,7 +31,7 @@ def test_estimate_help(capsys):
 
     out = _run(main, ["-h"], capsys)
     assert "usage: python -m tspbench.estimate" in out and "model.dim=4096" in out and "hardware=null" in out
-    assert "profiles: cpu | h100 | h200 | mi300x" in out
+    assert "profiles: a100 | cpu | h100 | h100_96gb | h200 | mi300x" in out
 
 
 def test_experiment_help(capsys, monkeypatch):

@@ -30,12 +30,13 @@ def _commands(tmp_path: Path) -> list[list[str]]:
 def test_dry_run_lists_gpu_tests_memory_check_and_smoke(tmp_path):
     cmds = _commands(tmp_path)
     mods = [c[c.index("-m") + 1] for c in cmds]
-    assert mods == ["pytest", "tspbench.gpu_check", "tspbench"]
+    assert mods == ["pytest", "tspbench.gpu_check", "tspbench.gpu_check", "tspbench"]
+    assert "--time" in cmds[2] and "--calibration-out" in cmds[2]
     pytest_args = cmds[0][cmds[0].index("-m", 3) :]
     assert pytest_args[:2] == ["-m", "gpu"] and all((ROOT / p).exists() for p in pytest_args[2:])
     assert any("pytest.mark.gpu" in f.read_text() for f in (ROOT / "tests/gpu").glob("test_*.py"))
     # everything the run writes goes under OUTDIR
-    assert any(a == f"hydra.run.dir={tmp_path}/run" for a in cmds[2])
+    assert any(a == f"hydra.run.dir={tmp_path}/run" for a in cmds[3])
 
 
 def test_gpu_check_flags_parse(tmp_path, capsys):
@@ -51,8 +52,39 @@ def test_gpu_check_flags_parse(tmp_path, capsys):
 def test_smoke_overrides_compose_to_single_gpu_runs(tmp_path):
     from tspbench.run.grid import compose_experiment, expand_grid
 
-    cmd = _commands(tmp_path)[2]
+    cmd = _commands(tmp_path)[3]
     overrides = [a for a in cmd[cmd.index("tspbench") + 1 :] if not a.startswith("hydra.")]
     specs = expand_grid(compose_experiment(overrides))
     assert sorted(s.mode for s in specs) == ["decode", "forward", "train"]
     assert all(s.world_size == 1 and s.device == "cuda" for s in specs)
+
+
+def test_gpu_time_refuses_cpu_in_one_line(capsys):
+    """`gpu_check --time` needs CUDA events: on this machine it says so in one line and exits 2."""
+    from tspbench.predict.gpu_check import main
+
+    assert main(["--device", "cpu", "--time"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "--time needs a CUDA device" in err
+
+
+def test_calibration_record_is_what_load_hardware_applies(tmp_path):
+    """The calibration the GPU run writes (from op times and FLOPs) is a file load_hardware accepts; an
+    impossible efficiency (above the peak) is refused, never written."""
+    import shutil
+
+    import pytest
+
+    from tspbench.predict.costmodel.hardware import CONF_DIR, load_hardware
+    from tspbench.predict.gpu_time import calibration_record, write_calibration
+
+    peak = 989.4e12
+    flops = {"gemm": 4e12, "attention_forward": 2e12, "attention_backward": 5e12}
+    rec = calibration_record({"gemm": 8e-3, "attention_forward": 8e-3, "attention_backward": 25e-3}, flops, peak, "X")
+    assert rec["efficiency"]["gemm"] == pytest.approx(4e12 / (8e-3 * peak))
+    shutil.copy(CONF_DIR / "h200.yaml", tmp_path / "h200.yaml")
+    write_calibration(rec, tmp_path / "h200.calibration.json")
+    hw = load_hardware("h200", tmp_path)
+    assert hw.matmul_efficiency == pytest.approx(rec["efficiency"]["gemm"]) and hw.calibration
+    with pytest.raises(ValueError, match="implausible efficiency"):
+        calibration_record({"gemm": 1e-3, "attention_forward": 8e-3, "attention_backward": 25e-3}, flops, peak, "X")

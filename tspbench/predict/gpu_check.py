@@ -5,7 +5,8 @@ but every tensor the rank allocates is real. So one GPU runs rank 0 of llama7b T
 paper's shapes (numbers are garbage, allocations are not), and its CUDA caching-allocator peak
 (`torch.cuda.max_memory_allocated`) is set beside the fake-tensor estimate of the same step
 (tspbench.predict.estimate, every layer traced) and the closed-form model (tspbench.predict.costmodel). This is the
-GPU check of the estimate that a CPU cannot make; it measures memory only, never time or multi-GPU throughput.
+GPU check of the estimate that a CPU cannot make; it measures memory, never multi-GPU throughput. `--time`
+(tspbench/predict/gpu_time.py) times rank 0's compute only and writes a calibration file.
 
 Setting: the paper one (bf16, AdamW with fp32 master/m/v, full recompute, B = 1), one optimizer step before
 the measured step (steady state), as `tspbench.predict.estimate.trace_step` does. On CPU (`--device cpu`, a small
@@ -79,7 +80,22 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tspbench.gpu_check", description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--recompute", default="full", choices=("none", "full"))
+    ap.add_argument(
+        "--time",
+        action="store_true",
+        help="instead of memory: rank 0's compute-only forward and training step time (CUDA events) and the "
+        "achieved GEMM / attention efficiencies, written as a calibration file (tspbench/predict/gpu_time.py)",
+    )
+    ap.add_argument("--hardware", default="h200", help="hardware profile whose bf16 peak the efficiencies divide")
+    ap.add_argument(
+        "--calibration-out",
+        default=None,
+        help="where to write <hardware>.calibration.json (default: the current directory; commit it beside "
+        "conf/hardware/<hardware>.yaml to make the time model use it)",
+    )
     args = ap.parse_args(argv)
+    if args.time:
+        return _time(args)
     if args.device.startswith("cuda"):
         model = model_preset("llama7b")
         cases = CASES
@@ -92,6 +108,33 @@ def main(argv: list[str] | None = None) -> int:
         par = ParallelConfig(scheme=scheme, degree=8, tp=tp, recompute=args.recompute)
         try:
             rec = check(model, par, seq, args.device)
+        except torch.OutOfMemoryError as e:
+            rec = {"scheme": scheme, "seq_len": seq, "status": "oom", "reason": str(e).splitlines()[0]}
+        print(json.dumps(rec), flush=True)
+    return 0
+
+
+def _time(args) -> int:
+    from pathlib import Path
+
+    from tspbench.predict.costmodel.hardware import load_hardware
+    from tspbench.predict.gpu_time import op_calibration, rank_step_times, write_calibration
+
+    if not (args.device.startswith("cuda") and torch.cuda.is_available()):
+        print(
+            "tspbench.gpu_check: --time needs a CUDA device (compute-only timing with CUDA events); "
+            f"device={args.device} and torch.cuda.is_available()={torch.cuda.is_available()}",
+            file=sys.stderr,
+        )
+        return 2
+    model, hw = model_preset("llama7b"), load_hardware(args.hardware)
+    calib = op_calibration(model, 16384, 8, hw.peak_flops_bf16)
+    out = Path(args.calibration_out or ".") / f"{args.hardware}.calibration.json"
+    print(json.dumps({"calibration": str(write_calibration(calib, out)), **calib["efficiency"]}), flush=True)
+    for scheme, tp, seq in CASES:
+        par = ParallelConfig(scheme=scheme, degree=8, tp=tp, recompute=args.recompute)
+        try:
+            rec = rank_step_times(model, par, seq)
         except torch.OutOfMemoryError as e:
             rec = {"scheme": scheme, "seq_len": seq, "status": "oom", "reason": str(e).splitlines()[0]}
         print(json.dumps(rec), flush=True)
