@@ -96,8 +96,8 @@ def headline_markdown() -> str:
         "",
         "Setting: bf16, AdamW with fp32 master/m/v, full recompute, B = 1; memory from the cost model (agrees with the "
         "fake-tensor estimate of the scheme code); throughput from the α–β + roofline model with the `schedule` "
-        "overlap rule, not validated on these GPUs (`python -m tspbench.validate` shows how far the model is from published "
-        "runs). Regenerate: `python -m tspbench.paper.headline`.",
+        "overlap rule, not validated on these GPUs (`python -m tspbench.validate` shows how far the model is from "
+        "published runs). Regenerate: `python -m tspbench.paper.headline`.",
     ]
     return "\n".join(lines)
 
