@@ -33,6 +33,7 @@ LAYERS: list[tuple[str, ...]] = [
         "tspbench.gpu_check",
         "tspbench.validate",
         "tspbench.plan",
+        "tspbench.paper.headline",
     ),
 ]
 

@@ -92,7 +92,19 @@ def headline_markdown() -> str:
             f"| {r.layout} | {r.memory_gb:.1f} | {r.tokens_per_s_per_gpu:,.0f} | {r.tokens_per_s_per_replica:,.0f} | "
             f"{r.tokens_per_s_cluster / 1e6:.2f}M |"
         )
+    from tspbench.validate import default_files, load_rows, record, summary
+
+    val = summary([record(r) for r in load_rows(default_files())]).get("validation", {}).get("tokens_per_s_per_gpu")
+    trust = (
+        f"How far to trust the tokens/s: on the validation subset of published runs (conf/published/) the time "
+        f"model's median error is {val['median_abs_pct']:.0f}% and its worst {val['worst_abs_pct']:.0f}% "
+        f"({val['n']:.0f} rows; long sequences are over-predicted); no published peak memory could be modelled yet."
+        if val
+        else "The time model has no validation rows."
+    )
     lines += [
+        "",
+        trust,
         "",
         "Setting: bf16, AdamW with fp32 master/m/v, full recompute, B = 1; memory from the cost model (agrees with the "
         "fake-tensor estimate of the scheme code); throughput from the α–β + roofline model with the `schedule` "
