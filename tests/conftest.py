@@ -32,8 +32,29 @@ def pytest_itemcollected(item):
             item.add_marker(pytest.mark.slow)
 
 
+def _world_of(item) -> int | None:
+    """The rank-group world size a parity test reads (its own case's, else the first named case's)."""
+    if "parity_results" not in getattr(item, "fixturenames", ()):
+        return None
+    from parity_cases import ALL, DECODE
+
+    cids = [getattr(item, "callspec", None) and item.callspec.params.get("cid")]
+    cids += [c for mark in item.iter_markers("parity_cases") for c in mark.args]
+    for cid in cids:
+        if cid and (cid in ALL or cid in DECODE):
+            return (ALL.get(cid) or DECODE.get(cid))[0]
+    return None
+
+
 def pytest_collection_modifyitems(config, items):
-    """Micro-benchmarks run only when asked for by name (`-m bench`), whatever else -m says."""
+    """Under pytest-xdist (`-n 2 --dist loadgroup`, the README's command), every parity test of one world size goes
+    to the same worker, so each rank group is spawned once. Micro-benchmarks run only when asked for by name
+    (`-m bench`), whatever else -m says."""
+    if config.pluginmanager.hasplugin("xdist"):
+        for item in items:
+            world = _world_of(item)
+            if world is not None:
+                item.add_marker(pytest.mark.xdist_group(f"parity-world{world}"))
     if "bench" in (config.option.markexpr or ""):
         return
     bench = [i for i in items if i.get_closest_marker("bench")]
