@@ -32,29 +32,44 @@ def pytest_itemcollected(item):
             item.add_marker(pytest.mark.slow)
 
 
-def _world_of(item) -> int | None:
-    """The rank-group world size a parity test reads (its own case's, else the first named case's)."""
-    if "parity_results" not in getattr(item, "fixturenames", ()):
-        return None
-    from parity_cases import ALL, DECODE
+CHUNK = 24
+"""Parity cases per rank-group launch: a world size's selected cases run in chunks of this many, each chunk once
+per session on one worker (under pytest-xdist the chunks of one world spread over the workers)."""
 
+
+def _cids_of(item) -> list[str]:
+    if "parity_results" not in getattr(item, "fixturenames", ()):
+        return []
     cids = [getattr(item, "callspec", None) and item.callspec.params.get("cid")]
     cids += [c for mark in item.iter_markers("parity_cases") for c in mark.args]
-    for cid in cids:
-        if cid and (cid in ALL or cid in DECODE):
-            return (ALL.get(cid) or DECODE.get(cid))[0]
-    return None
+    return [c for c in cids if c]
 
 
+def _chunks(world: int) -> dict[str, int]:
+    """case id → chunk index, over the selected cases of `world` in the matrix's order."""
+    from parity_cases import all_cases_for_world, case_id
+
+    ids = [case_id(vc, b) for vc, b in all_cases_for_world(world) if case_id(vc, b) in _SELECTED]
+    return {cid: i // CHUNK for i, cid in enumerate(ids)}
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (`-n 2 --dist loadgroup`, the README's command), every parity test of one world size goes
-    to the same worker, so each rank group is spawned once. Micro-benchmarks run only when asked for by name
-    (`-m bench`), whatever else -m says."""
+    """Under pytest-xdist (`-n 2 --dist loadgroup`, the README's command) the parity tests of one chunk of one world
+    size go to the same worker, so each chunk's rank group is spawned once. Micro-benchmarks run only when asked
+    for by name (`-m bench`), whatever else -m says."""
     if config.pluginmanager.hasplugin("xdist"):
+        from parity_cases import ALL, DECODE
+
+        _select(items)
+        chunks: dict[int, dict[str, int]] = {}
         for item in items:
-            world = _world_of(item)
-            if world is not None:
-                item.add_marker(pytest.mark.xdist_group(f"parity-world{world}"))
+            for cid in _cids_of(item):
+                world = (ALL.get(cid) or DECODE.get(cid) or (None,))[0]
+                if world is not None:
+                    idx = chunks.setdefault(world, _chunks(world)).get(cid, 0)
+                    item.add_marker(pytest.mark.xdist_group(f"parity-w{world}-c{idx}"))
+                    break
     if "bench" in (config.option.markexpr or ""):
         return
     bench = [i for i in items if i.get_closest_marker("bench")]
@@ -63,37 +78,44 @@ def pytest_collection_modifyitems(config, items):
         items[:] = [i for i in items if not i.get_closest_marker("bench")]
 
 
-def pytest_collection_finish(session):  # after -k / -m deselection: the items that will run
+def _select(items) -> None:
     _SELECTED.clear()
-    for item in session.items:
-        if "parity_results" not in getattr(item, "fixturenames", ()):
-            continue
-        cid = getattr(item, "callspec", None) and item.callspec.params.get("cid")
-        if cid:
-            _SELECTED.add(cid)
-        for mark in item.iter_markers("parity_cases"):
-            _SELECTED.update(mark.args)
+    for item in items:
+        _SELECTED.update(_cids_of(item))
+
+
+def pytest_collection_finish(session):  # after -k / -m deselection: the items that will run
+    _select(session.items)
 
 
 class _Results(dict):
-    """The results of one world size; a case read that was not computed fails loudly, never silently."""
+    """The results of one world size, computed a chunk at a time (`CHUNK` cases per rank-group launch) when a test
+    first reads one of its cases; a case that is not selected fails loudly, never silently."""
+
+    def __init__(self, world: int):
+        super().__init__()
+        self.world = world
 
     def __missing__(self, cid: str) -> dict:
-        raise KeyError(f"parity case {cid!r} was not run: add it to the test's @pytest.mark.parity_cases(...)")
+        from parity_cases import all_cases_for_world, case_id
+
+        chunks = _chunks(self.world)
+        if cid not in chunks:
+            raise KeyError(f"parity case {cid!r} was not run: add it to the test's @pytest.mark.parity_cases(...)")
+        cases = [(vc, b) for vc, b in all_cases_for_world(self.world) if chunks.get(case_id(vc, b)) == chunks[cid]]
+        for (vc, b), r in zip(cases, run_cases(cases, self.world)):
+            self[case_id(vc, b)] = r
+        return self[cid]
 
 
 @pytest.fixture(scope="session")
 def parity_results():
-    """world size → {case id: result dict} for the selected cases of that world, computed once per session."""
-    from parity_cases import all_cases_for_world, case_id
-
+    """world size → {case id: result dict} for the selected cases of that world, each computed once per session."""
     cache: dict[int, _Results] = {}
 
     def get(world: int) -> _Results:
         if world not in cache:
-            cases = [(vc, b) for vc, b in all_cases_for_world(world) if case_id(vc, b) in _SELECTED]
-            results = run_cases(cases, world) if cases else []
-            cache[world] = _Results({case_id(vc, b): r for (vc, b), r in zip(cases, results)})
+            cache[world] = _Results(world)
         return cache[world]
 
     return get

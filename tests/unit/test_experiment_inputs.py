@@ -48,7 +48,7 @@ BAD = [
     (["+exp=smoke", "model=foo"], "model=foo is unknown; allowed: model=llama3_8b | model=llama7b"),
     (["+exp=smok"], "+exp=smok is unknown; allowed: +exp=llama7b"),
     (["exp=smoke"], "exp is a config group added with a '+': type +exp=NAME"),
-    (["+exp=smoke", "hardware=h1"], "hardware=h1 is unknown; allowed: hardware=cpu | hardware=h100"),
+    (["+exp=smoke", "hardware=h1"], "hardware=h1 is unknown; allowed: hardware=a100 | hardware=cpu | hardware=h100"),
     (["+exp=smoke", "seq_len=abc"], "seq_len=abc: Value 'abc' of type 'str' could not be converted to Integer"),
     (["+exp=smoke", "schemes=tsp"], "schemes expects a list in brackets, e.g. schemes=[tsp]"),
     (["+exp=smoke", "progress=maybe"], "progress expects true or false"),
