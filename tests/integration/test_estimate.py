@@ -100,6 +100,7 @@ def real_runs_fsdp():
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scheme,dp,recompute", FSDP_CASES)
 def test_estimate_matches_real_run_fsdp(real_runs_fsdp, scheme, dp, recompute):
     real = real_runs_fsdp[(scheme, dp, recompute)]

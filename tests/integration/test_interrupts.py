@@ -77,7 +77,6 @@ def test_partly_invalid_grid_runs_the_rest_and_exits_1(tmp_path):
     assert out.strip().splitlines()[-1].startswith("tspbench: 1 of 2 grid points ok, 1 invalid → exit 1")
 
 
-@pytest.mark.slow
 def test_sigint_anywhere_then_resume_gives_every_run_ok_exactly_once(tmp_path):
     """SIGINT during a run, then right after each ok record is written (the parent is still waiting for the
     rank group to exit), resuming each time; at the end every run is ok exactly once in the file and in the

@@ -37,7 +37,6 @@ def _two_nodes(spec_file: Path, results: Path) -> list[subprocess.Popen]:
     return agents
 
 
-@pytest.mark.slow
 def test_two_torchrun_nodes_equal_one_node(tmp_path):
     (spec,) = expand_grid(compose_experiment([*SPEC, "schemes=[tsp]", "degree=4"]))
     spec = replace(spec, status_dir=str(tmp_path / "status"))
