@@ -11,8 +11,6 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-import pytest
-
 from tspbench.record.store import read_records
 from tspbench.run.grid import compose_experiment, expand_grid
 from tspbench.run.launch import free_port, worker_command
