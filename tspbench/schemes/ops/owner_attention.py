@@ -72,6 +72,29 @@ class OwnerPlan:
         kv = torch.cat([k[:, lo:hi], v[:, lo:hi]], 1).movedim(2, 0)  # [n, B, 2·nb, d]
         return self.comm.start_all_gather(kv, label=label)
 
+    def shards(self, phase: str):
+        """Every owner's shard in turn, double-buffered: (r, W_Q, W_K, W_V, W_O), owner r+1's broadcast posted
+        before owner r's shard is handed out (so it is in flight while r computes)."""
+        pending = self.broadcast(0, phase)
+        for r in range(self.comm.size):
+            w = pending.wait()
+            if r + 1 < self.comm.size:
+                pending = self.broadcast(r + 1, phase)
+            yield (r, *unpack(w, self.shapes))
+
+    def gathered(self, k: torch.Tensor, v: torch.Tensor, phase: str, owner: int):
+        """Owner `owner`'s K/V over the whole sequence, a head bucket at a time: (i, lo, hi, K, V) in logical order,
+        bucket i+1's all-gather posted before bucket i is handed out; the compute mark follows in the log."""
+        buckets = self.buckets(k.shape[1])
+        label = f"{self.tag}:{phase}:owner{owner}"
+        gathering = self.gather(k, v, *buckets[0], f"all_gather:{label}:bucket0")
+        for i, (lo, hi) in enumerate(buckets):
+            kk, vv = self.logical(gathering.wait())
+            if i + 1 < len(buckets):
+                gathering = self.gather(k, v, *buckets[i + 1], f"all_gather:{label}:bucket{i + 1}")
+            self.comm.log.event("compute", f"attention:{label}:bucket{i}")
+            yield i, lo, hi, kk, vv
+
     def logical(self, gathered: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """[S (rank order), B, 2·nb, d] → K, V [B, nb, S, d] in logical order."""
         kv = self.layout.unshard(gathered, dim=0).movedim(0, 2)
@@ -121,25 +144,14 @@ def owner_loop(x: torch.Tensor, plan: OwnerPlan, cos: torch.Tensor, sin: torch.T
     """The forward schedule (module docstring). Returns y and, per owner, what backward needs:
     (q, k, v, o, lse, kernel states per bucket). `on_kv(k, v)` sees each owner's local k, v (the serving
     prefill caches them)."""
-    comm, y, saved = plan.comm, torch.zeros_like(x), []
-    pending = plan.broadcast(0, "fwd")
-    for r in range(comm.size):
-        w = pending.wait()
-        if r + 1 < comm.size:
-            pending = plan.broadcast(r + 1, "fwd")
-        wq, wk, wv, wo = unpack(w, plan.shapes)
+    y, saved = torch.zeros_like(x), []
+    for r, wq, wk, wv, wo in plan.shards("fwd"):
         q, k, v = _project(x, wq, wk, wv, cos, sin, plan.head_dim)
         if on_kv is not None:
             on_kv(k, v)
         g = q.shape[1] // k.shape[1]
-        buckets = plan.buckets(k.shape[1])
         outs, lses, states = [], [], []
-        gathering = plan.gather(k, v, *buckets[0], f"all_gather:{plan.tag}:fwd:owner{r}:bucket0")
-        for i, (lo, hi) in enumerate(buckets):
-            kk, vv = plan.logical(gathering.wait())
-            if i + 1 < len(buckets):
-                gathering = plan.gather(k, v, *buckets[i + 1], f"all_gather:{plan.tag}:fwd:owner{r}:bucket{i + 1}")
-            comm.log.event("compute", f"attention:{plan.tag}:fwd:owner{r}:bucket{i}")
+        for _i, lo, hi, kk, vv in plan.gathered(k, v, "fwd", r):
             o_b, lse_b, st = _attend(q[:, lo * g : hi * g], kk, vv, plan.layout)
             outs.append(o_b)
             lses.append(lse_b)
@@ -195,27 +207,15 @@ def _owner_backward(dy, x, cos, sin, plan: OwnerPlan, saved):
                 own_grad = got.clone()  # the buffer is reused by the next owner's reduce
             reduces[slot] = None
 
-    pending = plan.broadcast(0, "bwd")
-    for r in range(comm.size):
-        w = pending.wait()
-        if r + 1 < comm.size:
-            pending = plan.broadcast(r + 1, "bwd")
-        wq, wk, wv, wo = unpack(w, plan.shapes)
+    for r, wq, wk, wv, wo in plan.shards("bwd"):
         q, k, v, o, lse, states = saved[r]
-        saved[r] = None  # free this owner's tensors as soon as they are used
         n_kv = k.shape[1]
         g = q.shape[1] // n_kv
         do = F.linear(dy, wo.t()).view(b, n, -1, d).transpose(1, 2)  # [B, H_r, n, d]
         dq = torch.empty_like(q)
-        buckets = plan.buckets(n_kv)
         scatters = []
-        gathering = plan.gather(k, v, *buckets[0], f"all_gather:{plan.tag}:bwd:owner{r}:bucket0")
-        for i, (lo, hi) in enumerate(buckets):
+        for i, lo, hi, kk, vv in plan.gathered(k, v, "bwd", r):
             hq = slice(lo * g, hi * g)
-            kk, vv = plan.logical(gathering.wait())
-            if i + 1 < len(buckets):
-                gathering = plan.gather(k, v, *buckets[i + 1], f"all_gather:{plan.tag}:bwd:owner{r}:bucket{i + 1}")
-            comm.log.event("compute", f"attention:{plan.tag}:bwd:owner{r}:bucket{i}")
             dq[:, hq], dkk, dvv = _attend_backward(
                 do[:, hq], q[:, hq], kk, vv, o[:, hq], lse[:, hq], states[i], plan.layout
             )
