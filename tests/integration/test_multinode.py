@@ -11,6 +11,8 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
 from tspbench.record.store import read_records
 from tspbench.run.grid import compose_experiment, expand_grid
 from tspbench.run.launch import free_port, worker_command
@@ -56,9 +58,15 @@ def test_two_torchrun_nodes_equal_one_node(tmp_path):
     assert (a["nodes"], b["nodes"]) == (1, 2)  # the worker saw two nodes of two local ranks
     ma, mb = a["metrics"], b["metrics"]
     assert ma["loss"] is not None and mb["loss"] == ma["loss"]
-    keys = [k for k in ma if k.startswith(("comm_", "mem_"))]
-    assert any(k.startswith("comm_") for k in keys) and any(k.startswith("mem_") for k in keys)
-    assert {k: mb[k] for k in keys} == {k: ma[k] for k in keys}
-    for k in ("comm_bytes_per_layer_fwd", "comm_bytes_per_layer_bwd", "mem_total_gib"):
+    # Exact: what the step issues and holds by construction (collectives, parameters, gradients). The split at the
+    # peak (optimizer / activations / temporaries / total) is MemTracker's snapshot at the moment of the rank's peak,
+    # which on CPU moves with when gloo's worker threads release a buffer: two otherwise identical runs under load
+    # were seen 64 KiB apart (optimizer, total). Those compare within 256 KiB, far below any layout difference.
+    exact = [k for k in ma if k.startswith("comm_") or k in ("mem_params_gib", "mem_grads_gib")]
+    peak = [k for k in ma if k.startswith("mem_") and k not in exact and isinstance(ma[k], float)]
+    assert any(k.startswith("comm_") for k in exact) and "mem_total_gib" in peak
+    assert {k: mb[k] for k in exact} == {k: ma[k] for k in exact}
+    assert {k: mb[k] for k in peak} == pytest.approx({k: ma[k] for k in peak}, abs=256 / 2**20)
+    for k in ("comm_bytes_per_layer_fwd", "comm_bytes_per_layer_bwd"):
         if k in a["per_rank"]:
             assert json.dumps(b["per_rank"][k]) == json.dumps(a["per_rank"][k]), k

@@ -23,7 +23,11 @@ REPO = Path(__file__).resolve().parents[2]
 def report(tmp_path_factory) -> tuple[Path, str, pd.DataFrame]:
     tmp = tmp_path_factory.mktemp("report")
     src = rf.write_records(tmp / "results" / "run.jsonl")
-    html = build_report([src], out=tmp / "out" / "fixture.html", title="fixture report", claims=rf.CLAIMS)
+    # Without validation records among the inputs the report falls back to the repo's results/validation.jsonl (a
+    # local `python -m tspbench.validate` leaves one): point that at an empty folder so the fixture is hermetic.
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("tspbench.report.trust.results_dir", lambda: tmp / "results")
+        html = build_report([src], out=tmp / "out" / "fixture.html", title="fixture report", claims=rf.CLAIMS)
     return html, html.read_text(), pd.read_csv(html.with_suffix(".csv"))
 
 
