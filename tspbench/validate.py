@@ -2,12 +2,20 @@
 
 Each in-scope row of conf/published/*.yaml (or the files given) is predicted with the closed-form cost model on
 the row's hardware profile:
-- tokens/s per GPU from `cluster_throughput` (train step; overlap from the row's layout: default ideal for FSDP
-  rows, whose prefetched all-gathers / reduce-scatters both frameworks overlap with compute, else none);
-- MFU from those tokens/s with the publishers' FLOPs convention (6N + 12·L·h·S per token, no causal halving:
-  torchtitan and llm-foundry both count it so);
+- tokens/s per GPU and the iteration time step_s from `cluster_throughput` (train step of micro_batch sequences
+  per replica; overlap from the row's layout: default ideal for FSDP rows, whose prefetched all-gathers /
+  reduce-scatters both frameworks overlap with compute, else none);
+- MFU from those tokens/s with the publisher's FLOPs convention, the row's `flops`: `palm` (default; 6N + 12·L·h·S
+  per token, no causal halving: torchtitan and llm-foundry both count it so) or `megatron_eq3` (Narayanan et al.
+  2021, Eq. 3: 96·B·s·l·h²·(1 + s/6h + V/16lh) per iteration, i.e. the blocks' GEMM FLOPs ×4 (the full-recompute
+  forward counted) + 6·V·h per token for the LM head);
 - peak memory from the closed-form `memory_breakdown`, not the fake-tensor estimate (minutes per row at these
-  shapes); FSDP memory is outside the memory model and is reported as not predicted.
+  shapes). FSDP rows (`fsdp: true`) take the memory of scheme fsdp_sp with Σ = degree = 1 and dp = gpus: every
+  parameter, gradient and optimizer state sharded over N = gpus ranks, one block unit gathered (plus the
+  prefetched one and the last reduce-scatter input), the LM head gathered from its forward to its backward, each
+  rank running its whole sequences. config.validate_parallel refuses fsdp_sp with degree 1 for runs (it is the
+  single-device token layout); the closed form accepts it and that is all this uses. Their TIME stays single × dp
+  with overlap "ideal" (above).
 Prints predicted vs published with the signed error per row, then the median and worst absolute error per
 quantity, separately for the calibration and validation subsets; writes one JSONL record per row.
 """
@@ -28,7 +36,8 @@ from tspbench.config import ModelConfig, ParallelConfig
 from tspbench.paths import conf_dir, results_dir
 from tspbench.predict.costmodel import cluster_throughput, flops_per_token, load_hardware, memory_breakdown
 
-QUANTITIES = ("tokens_per_s_per_gpu", "mfu_pct", "peak_mem_gib")
+QUANTITIES = ("tokens_per_s_per_gpu", "mfu_pct", "peak_mem_gib", "step_s")
+FLOPS_CONVENTIONS = ("palm", "megatron_eq3")
 SUBSETS = ("calibration", "validation")
 GIB = 2**30
 
@@ -60,7 +69,10 @@ class Row:
     precision: str
     """bf16 (in scope) or what the source used."""
     measured: dict[str, float]
-    """Published numbers: tokens_per_s_per_gpu, mfu_pct, peak_mem_gib."""
+    """Published numbers: tokens_per_s_per_gpu, mfu_pct, peak_mem_gib, step_s (iteration time of the whole job)."""
+    flops: str = "palm"
+    """FLOPs convention of the published MFU: palm (6N + 12·L·h·S per token) or megatron_eq3 (Narayanan et al.
+    2021, Eq. 3: the blocks' GEMMs ×4, recompute forward included, + the LM head's 6·V·h)."""
     memory_kind: str = ""
     """allocated, reserved or device-used, as the source says."""
     out_of_scope: str | None = None
@@ -86,6 +98,10 @@ def load_rows(paths: list[Path]) -> list[Row]:
                 raw["model"] = dict(models[name], name=name)
             if raw.get("subset") not in SUBSETS:
                 raise ValueError(f"{path}: row {raw.get('id')}: subset={raw.get('subset')!r}; allowed: {SUBSETS}")
+            if raw.get("flops", "palm") not in FLOPS_CONVENTIONS:
+                raise ValueError(
+                    f"{path}: row {raw.get('id')}: flops={raw.get('flops')!r}; allowed: {FLOPS_CONVENTIONS}"
+                )
             try:
                 rows.append(Row(**raw, file=str(path)))
             except TypeError as e:
@@ -93,10 +109,19 @@ def load_rows(paths: list[Path]) -> list[Row]:
     return rows
 
 
-def _memory_scope(row: Row) -> str | None:
+def published_flops_per_token(model: ModelConfig, seq_len: int, convention: str) -> float:
+    """FLOPs per trained token as the publisher counts them for its MFU (module docstring)."""
+    if convention == "megatron_eq3":
+        blocks = flops_per_token(model, seq_len, mode="forward", causal_halved=False, include_lm_head=False)
+        return 4 * blocks + 6 * model.vocab_size * model.dim
+    return flops_per_token(model, seq_len, mode="train", causal_halved=False)
+
+
+def memory_parallel(row: Row, par: ParallelConfig) -> ParallelConfig:
+    """The layout whose closed-form memory is the row's: FSDP rows are fsdp_sp with Σ = 1 over dp = gpus."""
     if row.layout.get("fsdp"):
-        return "FSDP shards parameters, gradients and optimizer state over every rank: not in the memory model"
-    return None
+        return ParallelConfig(scheme="fsdp_sp", degree=1, dp=row.gpus, recompute=row.recompute)
+    return par
 
 
 def predict(row: Row) -> dict[str, float | None]:
@@ -109,17 +134,15 @@ def predict(row: Row) -> dict[str, float | None]:
     overlap = row.layout.get("overlap", "ideal" if row.layout.get("fsdp") else "none")
     ct = cluster_throughput(model, par, row.seq_len, row.micro_batch, hw, row.gpus, mode="train", overlap=overlap)
     tps = ct["tokens_per_s_per_device"]
-    model_flops = flops_per_token(model, row.seq_len, mode="train", causal_halved=False)
-    out: dict[str, float | None] = {
+    model_flops = published_flops_per_token(model, row.seq_len, row.flops)
+    mem = memory_breakdown(model, memory_parallel(row, par), row.seq_len, row.micro_batch)["total"]
+    return {
         "tokens_per_s_per_gpu": tps,
         "mfu_pct": 100.0 * tps * model_flops / hw.peak_flops("bfloat16"),
-        "peak_mem_gib": None,
+        "peak_mem_gib": mem / GIB,
         "step_s": ct["step_s"],
         "exposed_comm_s": ct["step_s"] - ct["compute_s"],
     }
-    if _memory_scope(row) is None:
-        out["peak_mem_gib"] = memory_breakdown(model, par, row.seq_len, row.micro_batch)["total"] / GIB
-    return out
 
 
 def record(row: Row) -> dict[str, Any]:
@@ -137,6 +160,7 @@ def record(row: Row) -> dict[str, Any]:
         "micro_batch": row.micro_batch,
         "recompute": row.recompute,
         "precision": row.precision,
+        "flops": row.flops,
         "status": "out_of_scope" if row.out_of_scope else "ok",
         "out_of_scope": row.out_of_scope,
         "published": dict(row.measured),
@@ -153,7 +177,7 @@ def record(row: Row) -> dict[str, Any]:
             continue
         p = pred.get(q)
         if p is None:
-            rec["quantity_out_of_scope"][q] = _memory_scope(row)
+            rec["quantity_out_of_scope"][q] = "the cost model gives no prediction of it for this layout"
             continue
         rec["error_pct"][q] = 100.0 * (p - row.measured[q]) / row.measured[q]
     return rec
@@ -181,12 +205,13 @@ def render(records: list[dict[str, Any]]) -> str:
             lines.append(f"{r['row_id']:34s} {r['subset']:11s} out of scope: {r['out_of_scope']}")
             continue
         for q, pub in r["published"].items():
+            fmt = ".3f" if q == "step_s" else ".1f"
             if q in r["error_pct"]:
                 pred, err = r["predicted"][q], f"{r['error_pct'][q]:+7.1f}%"
-                lines.append(f"{r['row_id']:34s} {r['subset']:11s} {q:21s} {pub:10.1f} {pred:10.1f} {err:>8s}")
+                lines.append(f"{r['row_id']:34s} {r['subset']:11s} {q:21s} {pub:10{fmt}} {pred:10{fmt}} {err:>8s}")
             else:
                 why = r["quantity_out_of_scope"].get(q, "")
-                lines.append(f"{r['row_id']:34s} {r['subset']:11s} {q:21s} {pub:10.1f}  not predicted: {why}")
+                lines.append(f"{r['row_id']:34s} {r['subset']:11s} {q:21s} {pub:10{fmt}}  not predicted: {why}")
     lines.append("")
     for subset, per_q in summary(records).items():
         for q, s in per_q.items():

@@ -1,6 +1,7 @@
-"""tspbench.validate: the repo's published rows load, every row keeps its source and subset, in-scope rows get
-a prediction and an error per published quantity, out-of-scope rows are kept (never dropped), the records'
-keys are documented in docs/records.md, and bad input gives one actionable line and a non-zero exit."""
+"""tspbench.validate: the repo's published rows load (three or more independent sources), every row keeps its
+source and subset, in-scope rows get a prediction and an error per published quantity (FSDP memory included),
+the FLOPs conventions are the papers' formulas, out-of-scope rows are kept (never dropped), the records' keys are
+documented in docs/records.md, and bad input gives one actionable line and a non-zero exit."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ def rows() -> list[validate.Row]:
 def test_published_rows_meet_the_issue_minimums(rows):
     in_scope = [r for r in rows if not r.out_of_scope]
     assert len(in_scope) >= 12
-    assert len({r.source.split()[0] for r in in_scope}) >= 2  # repositories; see the module's report for a 3rd
+    # independent sources: a repository + file, or an arXiv paper
+    assert len({" ".join(r.source.split()[:2]) for r in in_scope}) >= 3
     assert {r.subset for r in rows} == {"calibration", "validation"}
     assert all(r.source and r.measured for r in rows)
     assert len({r.id for r in rows}) == len(rows)
@@ -39,6 +41,31 @@ def test_every_in_scope_quantity_is_predicted_or_says_why(rows):
             assert q in rec["error_pct"] or rec["quantity_out_of_scope"].get(q), (row.id, q)
         pred = rec["predicted"]
         assert pred["tokens_per_s_per_gpu"] > 0 and 0 < pred["mfu_pct"] < 100
+
+
+def test_fsdp_rows_get_a_memory_prediction_and_a_published_memory_row_is_in_scope(rows):
+    fsdp = [r for r in rows if r.layout.get("fsdp") and not r.out_of_scope]
+    assert fsdp
+    for row in fsdp:
+        assert validate.memory_parallel(row, None).scheme == "fsdp_sp"
+        assert validate.predict(row)["peak_mem_gib"] > 0
+    mem_rows = [r for r in rows if "peak_mem_gib" in r.measured and not r.out_of_scope]
+    assert mem_rows
+    for row in mem_rows:
+        rec = validate.record(row)
+        assert "peak_mem_gib" in rec["error_pct"] and not rec["quantity_out_of_scope"]
+
+
+def test_megatron_eq3_is_the_papers_formula():
+    """Narayanan et al. 2021 Eq. 3 per token: 96·l·h²·(1 + s/6h + V/16lh) for a GPT (MLP 4h = SwiGLU 8h/3)."""
+    from tspbench.config import ModelConfig
+
+    m = ModelConfig(vocab_size=51200, dim=2304, n_layers=24, n_heads=24, n_kv_heads=24, ffn_hidden=6144)
+    s, h, l, v = 2048, 2304, 24, 51200
+    eq3 = 96 * l * h**2 * (1 + s / (6 * h) + v / (16 * l * h))
+    assert validate.published_flops_per_token(m, s, "megatron_eq3") == pytest.approx(eq3, rel=1e-3)
+    palm = 72 * l * h**2 * (1 + s / (6 * h) + v / (12 * h * l))  # Korthikanti et al. Eq. 7 = 6N + 12·L·h·S
+    assert validate.published_flops_per_token(m, s, "palm") == pytest.approx(palm, rel=1e-3)
 
 
 def test_error_is_signed_relative_to_published(rows):
@@ -78,4 +105,8 @@ def test_cli_writes_jsonl_and_rejects_bad_input(tmp_path, capsys):
     assert validate.main([str(bad), "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "subset" in err[0] and "calibration" in err[0]
+    bad.write_text("rows:\n  - {id: x, subset: validation, flops: hfu}\n")
+    assert validate.main([str(bad), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "flops" in err[0] and "megatron_eq3" in err[0]
     assert validate.main([str(tmp_path / "missing.yaml")]) == 2

@@ -16,7 +16,12 @@ from markupsafe import Markup, escape
 from tspbench.paths import results_dir
 from tspbench.record.store import read_records
 
-LABELS = {"tokens_per_s_per_gpu": "tokens/s per GPU", "mfu_pct": "MFU (%)", "peak_mem_gib": "peak memory (GiB)"}
+LABELS = {
+    "tokens_per_s_per_gpu": "tokens/s per GPU",
+    "mfu_pct": "MFU (%)",
+    "peak_mem_gib": "peak memory (GiB)",
+    "step_s": "iteration time (s)",
+}
 SUBSETS = ("calibration", "validation")
 
 

@@ -74,7 +74,9 @@ def geometry(par: ParallelConfig, seq_len: int, batch: int) -> Geometry:
         return Geometry(n / d, n, n if par.vocab_degree > 1 else n / d, d, 0, False, True, batch)
     if s in ("sp", "fsdp_sp"):  # fsdp_sp: sp's tokens and attention (its weights are FSDP's, see fsdp_buffers)
         kv = 0 if par.sp_variant == "ulysses" else n  # Ulysses: head shards of the whole sequence (#ulysses)
-        return Geometry(n / d, n / d, n / d, 1, kv, True, False, batch)
+        # Σ = 1 (fsdp_sp only, as tspbench.validate models plain FSDP; runs refuse degree 1): no zigzag chunks,
+        # the kernel output is W_O's input itself
+        return Geometry(n / d, n / d, n / d, 1, kv, d > 1, False, batch)
     if s == "tp_sp":
         t, sig = par.tp_degree, par.sp_degree
         kv = n if sig > 1 and par.sp_variant != "ulysses" else 0
