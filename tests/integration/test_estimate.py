@@ -72,6 +72,7 @@ def real_runs():
 
 
 @pytest.mark.parametrize("scheme,recompute", REAL_CASES)
+@pytest.mark.xdist_group("estimate-real-runs")  # real_runs is spawned once, on one worker
 def test_estimate_matches_real_run(real_runs, scheme, recompute):
     real = real_runs[(scheme, recompute)]
     par = ParallelConfig(scheme=scheme, degree=2, recompute=recompute)
@@ -138,6 +139,7 @@ def test_estimate_matches_real_run_4_ranks(real_runs_4, scheme, tp, recompute):
     assert est["comm_ops"] == real["comm_ops"] and est["comm"] == real["comm"]
 
 
+@pytest.mark.xdist_group("estimate-real-runs")
 def test_comm_counts_are_not_vacuous(real_runs):
     # tsp's layer 0 issues D broadcasts, D all-gathers and D−1 ring hops forward (docs/method.md#communication)
     ops = [tuple(o) for o in real_runs[("tsp", "none")]["comm_ops"] if o[1] == "fwd" and not o[6]]

@@ -21,6 +21,9 @@ import torch
 
 from tspbench.config import ModelConfig, ParallelConfig
 
+# one worker runs this module: its module-scoped fixture (a spawned rank group / a build) then runs once, not per worker
+pytestmark = pytest.mark.xdist_group("overlap")
+
 TINY = ModelConfig(name="tiny", vocab_size=128, dim=64, n_layers=2, n_heads=8, n_kv_heads=8, ffn_hidden=128)
 D, SEQ = 4, 32
 BUCKETS = TINY.n_kv_heads // D  # kv_bucket_heads=1

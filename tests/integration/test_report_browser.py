@@ -20,7 +20,10 @@ import report_fixtures as rf
 from tspbench.report import build_report
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no chromium binary on PATH")
+pytestmark = [
+    pytest.mark.skipif(CHROMIUM is None, reason="no chromium binary on PATH"),
+    pytest.mark.xdist_group("report-browser"),  # the module-scoped report is built once, on one worker
+]
 WIDTH = 1280
 
 

@@ -19,6 +19,9 @@ from tspbench.config import ModelConfig, ParallelConfig, validate_parallel
 from tspbench.measure.timing import throughput, tokens_per_step
 from tspbench.spawn import spawn
 
+# one worker runs this module: its module-scoped fixture (a spawned rank group / a build) then runs once, not per worker
+pytestmark = pytest.mark.xdist_group("tokens")
+
 WORLD = 4
 SEQ, BATCH = 32, 2
 MODEL = dict(name="tiny", vocab_size=128, dim=64, n_layers=1, n_heads=8, n_kv_heads=8, ffn_hidden=128)

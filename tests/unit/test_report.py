@@ -16,6 +16,9 @@ from tspbench.report import build_report
 from tspbench.report import frame as build  # the constants the report prints (CPU_NOTE, NOT_REPRODUCED)
 from tspbench.report.figures import FIGURES
 
+# one worker runs this module: its module-scoped fixture (a spawned rank group / a build) then runs once, not per worker
+pytestmark = pytest.mark.xdist_group("report")
+
 REPO = Path(__file__).resolve().parents[2]
 
 
