@@ -32,11 +32,11 @@ def pytest_itemcollected(item):
             item.add_marker(pytest.mark.slow)
 
 
-CHUNK = 72
+CHUNK = 60
 """Parity cases per rank-group launch: a world size's selected cases run in chunks of this many, each chunk once
 per session on one worker (under pytest-xdist the chunks of one world spread over the workers). Each launch costs
 every rank ~5 s of imports (torch, DTensor, dynamo via the optimizer) before its first case, ~0.5–1 s per case
-after: 72 gives the full matrix 6 launches (D = 2: 2, D = 3: 1, D = 4: 2, D = 8: 1), enough to keep 2 workers busy."""
+after: 60 gives the full matrix 6 launches (D = 2: 2, D = 3: 1, D = 4: 2, D = 8: 1), enough to keep 2 workers busy."""
 
 
 def _cids_of(item) -> list[str]:

@@ -35,3 +35,19 @@ def test_broken_variant_is_caught(parity_results, cid):
     assert not res["ok"], f"the deliberately broken variant {breakage} passed the parity check"
     worst = max(c["max_rel"] for c in res["checks"])
     assert worst > 1e3 * res["checks"][0]["tol"], "a real bug should miss by orders of magnitude"
+
+
+def test_matrix_meets_every_model_and_recompute_per_scheme():
+    """The covering design of parity_cases.covering: each scheme of the D = 2, 3, 4 matrix meets MHA and GQA with
+    every recompute mode somewhere in float64, and every variant runs both models without recompute."""
+    met: dict[str, set] = {}
+    none_models: dict[tuple, set] = {}
+    for world, vc, breakage in ALL.values():
+        if breakage is None and vc.dtype == "float64" and vc.scheme != "single":
+            gqa = vc.model.n_kv_heads < vc.model.n_heads
+            met.setdefault(vc.scheme, set()).add((gqa, vc.recompute))
+            if vc.recompute == "none" and vc.dp == 1 and world in (2, 3, 4):
+                none_models.setdefault((world, vc.scheme, vc.sp_variant, vc.tp), set()).add(gqa)
+    every = {(g, rc) for g in (False, True) for rc in ("none", "selective", "full")}
+    assert {s: every - m for s, m in met.items() if m != every} == {}
+    assert {k for k, v in none_models.items() if len(v) < 2} == set()

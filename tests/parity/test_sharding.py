@@ -105,11 +105,11 @@ def test_fsdp_every_parameter_sharded(parity_results, cid):
             assert local[name] * n == p.numel(), (name, local[name], p.numel(), n)
 
 
-@pytest.mark.parity_cases("sp-D4-dp1-tiny_gqa-rc_selective-allgather", "fsdp_sp-D4-dp1-tiny_gqa-rc_selective-allgather")
+@pytest.mark.parity_cases("sp-D4-dp1-tiny-rc_selective-allgather", "fsdp_sp-D4-dp1-tiny-rc_selective-allgather")
 def test_fsdp_sp_stores_sp_activations(parity_results):
     """FSDP2 changes where the weights live, not what a token shard saves for backward: fsdp_sp saves exactly sp's
     activation bytes (its gathered weights, which FSDP frees after forward, are parameters, not activations)."""
     r4 = parity_results(4)
-    sp = r4["sp-D4-dp1-tiny_gqa-rc_selective-allgather"]["activation_bytes"]
-    fsdp = r4["fsdp_sp-D4-dp1-tiny_gqa-rc_selective-allgather"]["activation_bytes"]
+    sp = r4["sp-D4-dp1-tiny-rc_selective-allgather"]["activation_bytes"]
+    fsdp = r4["fsdp_sp-D4-dp1-tiny-rc_selective-allgather"]["activation_bytes"]
     assert fsdp == sp and min(sp) > 0
