@@ -94,13 +94,24 @@ def headline_markdown() -> str:
         )
     from tspbench.validate import default_files, load_rows, record, summary
 
-    val = summary([record(r) for r in load_rows(default_files())]).get("validation", {}).get("tokens_per_s_per_gpu")
+    val = summary([record(r) for r in load_rows(default_files())]).get("validation", {})
+    names = {
+        "tokens_per_s_per_gpu": "tokens/s",
+        "mfu_pct": "MFU",
+        "step_s": "iteration time",
+        "peak_mem_gib": "peak memory",
+    }
+    parts = [
+        f"{label} median {val[q]['median_abs_pct']:.0f}%, worst {val[q]['worst_abs_pct']:.0f}% ({val[q]['n']:.0f} "
+        f"row{'s' if val[q]['n'] != 1 else ''})"
+        for q, label in names.items()
+        if q in val
+    ]
     trust = (
-        f"How far to trust the tokens/s: on the validation subset of published runs (conf/published/) the time "
-        f"model's median error is {val['median_abs_pct']:.0f}% and its worst {val['worst_abs_pct']:.0f}% "
-        f"({val['n']:.0f} rows; long sequences are over-predicted); no published peak memory could be modelled yet."
-        if val
-        else "The time model has no validation rows."
+        "How far to trust the predictions: on the validation subset of published runs (conf/published/) the absolute "
+        "errors are: " + "; ".join(parts) + " (per row: `python -m tspbench.validate`, the report's trust section)."
+        if parts
+        else "The cost model has no validation rows."
     )
     lines += [
         "",
