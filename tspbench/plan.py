@@ -105,8 +105,10 @@ def main(argv: list[str] | None = None) -> int:
         f"{model.name}, S={seq_len}, {gpus} GPUs, overlap={kv['overlap']}"
     )
     head = ("layout", "mem GiB", "step s", "exp comm s", "dp", "tok/s/GPU", "cluster tok/s", "margin")
-    print(f"{head[0]:40s} {head[1]:>8s} {head[2]:>8s} {head[3]:>10s} {head[4]:>5s} {head[5]:>10s} {head[6]:>13s} "
-          f"{head[7]:>7s}")
+    print(
+        f"{head[0]:40s} {head[1]:>8s} {head[2]:>8s} {head[3]:>10s} {head[4]:>5s} {head[5]:>10s} {head[6]:>13s} "
+        f"{head[7]:>7s}"
+    )
     for i, lay in enumerate(ranked[:top]):
         m = margin_pct(ranked, i)
         print(

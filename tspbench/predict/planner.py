@@ -17,9 +17,9 @@ checks the memory against the estimate on the paper's 8-GPU setting).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from tspbench.config import RECOMPUTE, ConfigError, ModelConfig, ParallelConfig, validate_parallel
 from tspbench.predict.costmodel import OVERLAPS, cluster_throughput, load_hardware, memory_breakdown
@@ -31,6 +31,7 @@ MAX_DEGREE = 64
 PAPER_SETTING: dict[str, Any] = {"model": "llama7b", "seq_len": 131072, "gpus": 1024, "hardware": "mi300x"}
 """The paper's cluster (docs/method.md#published): what the report's Pareto page plans when no records are given."""
 GIB = 2**30
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -128,13 +129,18 @@ def margin_pct(ranked: list[Layout], i: int) -> float | None:
     return 100.0 * (ranked[i].tokens_per_s_cluster / ranked[i + 1].tokens_per_s_cluster - 1.0)
 
 
-def pareto_front(layouts: Iterable[Layout]) -> list[Layout]:
-    """The memory–throughput Pareto front, leanest first: every layout that no other beats on both per-device
-    memory (lower) and cluster tokens/s (higher) without being worse on either (of equal points, one is kept)."""
-    front: list[Layout] = []
-    for lay in sorted(layouts, key=lambda x: (x.mem_bytes, -x.tokens_per_s_cluster)):
-        if not front or lay.tokens_per_s_cluster > front[-1].tokens_per_s_cluster:
-            front.append(lay)
+def pareto_front(
+    items: Iterable[T],
+    mem: Callable[[T], float] = lambda x: x.mem_bytes,  # type: ignore[attr-defined]
+    tps: Callable[[T], float] = lambda x: x.tokens_per_s_cluster,  # type: ignore[attr-defined]
+) -> list[T]:
+    """The memory–throughput Pareto front, leanest first: every item that no other beats on per-device memory
+    (lower) and cluster tokens/s (higher) without being worse on either (of equal points, one is kept). Items:
+    Layouts, or anything with `mem` and `tps` keys (the report passes plan records)."""
+    front: list[T] = []
+    for x in sorted(items, key=lambda x: (mem(x), -tps(x))):
+        if not front or tps(x) > tps(front[-1]):
+            front.append(x)
     return front
 
 
