@@ -153,9 +153,9 @@ PAPER_8 = {  # the paper's 8-GPU memory setting, every scheme the estimate runs
 
 
 FSDP_GAP = (
-    "closed form 4.2% below the estimate (28.35 vs 29.59 GB): under full recompute the estimate's backward peak holds "
-    "1.24 GB more temporaries (sp has 0.8 GB of that gap too, 0.5% of its 148 GB; fsdp_sp adds three [S/Σ, h] "
-    "tensors and an unsharded attention-weight gradient); none/selective agree within 0.01%"
+    "closed form 4.2% below the estimate (28.35 vs 29.59 GB): the full-recompute backward peak is 1.24 GB above the "
+    "closed form, the same absolute gap as sp's (0.8% of its 149 GB), mostly temporaries; with recompute none or "
+    "selective fsdp_sp agrees within 0.01%"
 )
 
 
