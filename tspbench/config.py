@@ -21,6 +21,10 @@ RECOMPUTE = ("none", "selective", "full")
 kept); full: every block recomputed in backward (docs/method.md#choice-recompute)."""
 VOCAB = ("auto", "replicated", "ring")
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
+GRAD_BUCKET_ELEMS = 2**25
+"""Gradient all-reduce bucket (schemes/base.py ParallelModel.finish_grad_sync): at most 32M elements are
+concatenated at once (Megatron's DDP default is 40M), so the sync never holds a second copy of all the gradients.
+Here, not in schemes/, so that the cost model reads it without importing torch.distributed."""
 MODES = ("train", "forward", "decode")
 """train: forward + backward + AdamW; forward: one forward (prefill without a cache); decode: serving, a
 KV-cache prefill of seq_len tokens, then one new token per step (schemes/ops/decode.py)."""
@@ -243,6 +247,10 @@ def validate_parallel(
         _need(
             p.vocab == "auto",
             f"vocab={p.vocab}: scheme=fsdp_sp shards the embedding and LM head with FSDP; allowed: vocab=auto",
+        )
+        _need(
+            p.sp_variant in ("allgather", "ring"),
+            f"sp_variant={p.sp_variant} is not implemented for scheme=fsdp_sp; allowed: allgather, ring",
         )
         _need(
             m.dim % n == 0,

@@ -1,96 +1,84 @@
 """The planner (issue 13 §3): `python -m tspbench.plan model=llama7b seq_len=131072 gpus=1024 hardware=mi300x`.
 
-Enumerates the layouts the suite implements (tsp at each D; tp and tp_msp at each T; sp with each K/V exchange;
-tp_sp at every factorisation T·Σ with each exchange; each recompute mode; micro-batch sizes; the data-parallel
-degree that fills the cluster), drops those that fail `validate_parallel` or do not fit the device's memory
-(closed-form `memory_breakdown`, training, bf16 + fp32 AdamW), ranks the rest by predicted cluster tokens/s
-(`cluster_throughput`, overlap none) and prints the top ones. Closed form only: no fake-tensor estimate.
+Every layout the suite implements (tspbench/predict/planner.py: tsp, tp, tp_msp, sp and tp_sp with each K/V
+exchange, tp_sp at every factorisation with and without Megatron-SP, fsdp_sp; each recompute mode; micro-batches;
+dp filling the cluster), minus those that are refused or do not fit the device's memory, ranked by predicted
+cluster tokens/s (closed-form cost model). Prints the top layouts with per-device memory, step time, exposed
+communication, replicas, tokens/s per GPU and in the cluster, the margin to the next layout, the elapsed time,
+and the validation error that applies (tspbench.validate's median |error| on its validation subset). `out=PATH`
+writes one JSONL record per fitting layout (docs/records.md#plan-records); the report draws their memory–
+throughput Pareto front (report/pareto.py).
 """
 
 from __future__ import annotations
 
+import json
 import sys
 import time
-from dataclasses import dataclass
+from pathlib import Path
 
-from tspbench.config import ConfigError, ModelConfig, ParallelConfig, model_preset, validate_parallel
-from tspbench.predict.costmodel import cluster_throughput, load_hardware, memory_breakdown
+from tspbench.config import ConfigError, model_preset
+from tspbench.predict.costmodel import OVERLAPS
+from tspbench.predict.planner import BATCHES, GIB, MAX_DEGREE, margin_pct, plan, plan_records
 
-GIB = 2**30
-RECOMPUTES = ("none", "selective", "full")
+HELP = f"""usage: python -m tspbench.plan [key=value ...]
+Rank every implemented layout that fits the device's memory by predicted cluster tokens/s (closed-form cost
+model; `python -m tspbench.validate` shows how far to trust it).
 
+  model=NAME        model preset, conf/model/NAME.yaml (default llama7b)
+  seq_len=N         tokens per sequence (default 131072)
+  gpus=N            devices in the cluster; dp = gpus / group size fills it (default 8)
+  hardware=NAME     device profile, conf/hardware/NAME.yaml (default mi300x)
+  overlap=RULE      {" | ".join(OVERLAPS)}: communication added to compute, hidden ideally, or as the code's
+                    issue order allows (default schedule; docs/method.md#choice-overlap)
+  batches=B,B,...   micro-batch sizes to try (default {",".join(map(str, BATCHES))})
+  max_degree=N      largest group size tried (default {MAX_DEGREE})
+  top=N             layouts printed (default 10)
+  out=PATH          write one JSONL record per fitting layout (default: none)"""
 
-@dataclass
-class Layout:
-    par: ParallelConfig
-    batch: int
-    mem_bytes: float
-    tokens_per_s: float
-    step_s: float
-    exposed_comm_s: float
-
-    @property
-    def name(self) -> str:
-        p = self.par
-        t = f" T={p.tp}" if p.scheme == "tp_sp" else ""
-        v = f" {p.sp_variant}" if p.scheme in ("sp", "tp_sp") else ""
-        return f"{p.scheme} d={p.degree}{t}{v} dp={p.dp} rc={p.recompute} B={self.batch}"
-
-
-def candidates(gpus: int, max_degree: int, batches: tuple[int, ...]) -> list[tuple[ParallelConfig, int]]:
-    """Every (layout, micro-batch) the suite implements with degree | gpus, degree ≤ max_degree."""
-    degrees = [d for d in range(1, min(gpus, max_degree) + 1) if gpus % d == 0]
-    out: list[tuple[ParallelConfig, int]] = []
-    for d in degrees:
-        dp = gpus // d
-        base: list[ParallelConfig] = []
-        if d == 1:
-            base.append(ParallelConfig(scheme="single", degree=1, dp=dp))
-        else:
-            base += [ParallelConfig(scheme=s, degree=d, dp=dp) for s in ("tsp", "tp", "tp_msp")]
-            base += [ParallelConfig(scheme="sp", degree=d, dp=dp, sp_variant=v) for v in ("allgather", "ring")]
-            for t in range(2, d):
-                if d % t == 0:
-                    base += [
-                        ParallelConfig(scheme="tp_sp", degree=d, tp=t, dp=dp, sp_variant=v)
-                        for v in ("allgather", "ring")
-                    ]
-        for p in base:
-            for rc in RECOMPUTES:
-                for b in batches:
-                    out.append((ParallelConfig(**{**p.__dict__, "recompute": rc}), b))
-    return out
+DEFAULTS = {
+    "model": "llama7b",
+    "seq_len": "131072",
+    "gpus": "8",
+    "hardware": "mi300x",
+    "overlap": "schedule",
+    "batches": ",".join(map(str, BATCHES)),
+    "max_degree": str(MAX_DEGREE),
+    "top": "10",
+    "out": "",
+}
+TRUST = {"tokens_per_s_per_gpu": "tokens/s", "step_s": "step time", "peak_mem_gib": "peak memory"}
 
 
-def plan(model: ModelConfig, seq_len: int, gpus: int, hardware: str, *, max_degree: int = 64, batches=(1, 2)):
-    """(fitting layouts ranked by cluster tokens/s, number enumerated)."""
-    hw = load_hardware(hardware)
-    fits: list[Layout] = []
-    cands = candidates(gpus, max_degree, tuple(batches))
-    for par, b in cands:
-        try:
-            validate_parallel(model, par, seq_len, b)
-        except ConfigError:
-            continue
-        mem = memory_breakdown(model, par, seq_len, b)["total"]
-        if mem > hw.mem_bytes:
-            continue
-        ct = cluster_throughput(model, par, seq_len, b, hw, gpus, mode="train")
-        fits.append(Layout(par, b, mem, ct["tokens_per_s"], ct["step_s"], ct["step_s"] - ct["compute_s"]))
-    fits.sort(key=lambda x: -x.tokens_per_s)
-    return fits, len(cands)
+def _int(kv: dict[str, str], key: str) -> int:
+    try:
+        return int(kv[key])
+    except ValueError:
+        raise ConfigError(f"{key}={kv[key]!r} must be an integer") from None
+
+
+def trust_line() -> str:
+    """The validation error that applies to these predictions (validate.validation_errors, as the README's)."""
+    from tspbench.validate import validation_errors
+
+    val = validation_errors()
+    parts = [
+        f"{label} median |error| {val[q]['median_abs_pct']:.0f}% (worst {val[q]['worst_abs_pct']:.0f}%, "
+        f"n={val[q]['n']:.0f})"
+        for q, label in TRUST.items()
+        if q in val
+    ]
+    if not parts:
+        return "Validation error that applies: none (no validation rows in conf/published)."
+    return "Validation error that applies (published runs, validation subset): " + "; ".join(parts) + "."
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if any(a in ("-h", "--help") for a in argv):
-        print(
-            "usage: python -m tspbench.plan model=NAME seq_len=N gpus=N hardware=NAME [top=10] [max_degree=64]\n"
-            "Rank every implemented layout that fits the device's memory by predicted cluster tokens/s\n"
-            "(closed-form cost model; see `python -m tspbench.validate` for how far to trust it)."
-        )
+        print(HELP)
         return 0
-    kv = dict(model="llama7b", seq_len="131072", gpus="8", hardware="mi300x", top="10", max_degree="64")
+    kv = dict(DEFAULTS)
     for a in argv:
         k, sep, v = a.partition("=")
         if not sep or k not in kv:
@@ -99,23 +87,44 @@ def main(argv: list[str] | None = None) -> int:
         kv[k] = v
     try:
         model = model_preset(kv["model"])
-        seq_len, gpus, top, max_degree = (int(kv[k]) for k in ("seq_len", "gpus", "top", "max_degree"))
+        seq_len, gpus, top, max_degree = (_int(kv, k) for k in ("seq_len", "gpus", "top", "max_degree"))
+        try:
+            batches = tuple(int(b) for b in kv["batches"].split(","))
+        except ValueError:
+            raise ConfigError(f"batches={kv['batches']!r} must be comma-separated integers, e.g. 1,2,4") from None
         t0 = time.perf_counter()
-        ranked, n = plan(model, seq_len, gpus, kv["hardware"], max_degree=max_degree)
+        ranked, n = plan(
+            model, seq_len, gpus, kv["hardware"], max_degree=max_degree, batches=batches, overlap=kv["overlap"]
+        )
+        dt = time.perf_counter() - t0
     except (ConfigError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    dt = time.perf_counter() - t0
-    print(f"{n} layouts enumerated, {len(ranked)} fit {kv['hardware']} memory ({dt:.2f} s, closed form)")
-    print(f"{'layout':52s} {'mem GiB':>8s} {'step s':>8s} {'exp comm s':>10s} {'tok/s':>12s} {'margin':>7s}")
+    print(
+        f"{n} layouts enumerated in {dt:.2f} s (closed form), {len(ranked)} fit {kv['hardware']} memory; "
+        f"{model.name}, S={seq_len}, {gpus} GPUs, overlap={kv['overlap']}"
+    )
+    head = ("layout", "mem GiB", "step s", "exp comm s", "dp", "tok/s/GPU", "cluster tok/s", "margin")
+    print(
+        f"{head[0]:40s} {head[1]:>8s} {head[2]:>8s} {head[3]:>10s} {head[4]:>5s} {head[5]:>10s} {head[6]:>13s} "
+        f"{head[7]:>7s}"
+    )
     for i, lay in enumerate(ranked[:top]):
-        nxt = ranked[i + 1].tokens_per_s if i + 1 < len(ranked) else None
-        margin = f"{100 * (lay.tokens_per_s / nxt - 1):6.1f}%" if nxt else "      -"
+        m = margin_pct(ranked, i)
         print(
-            f"{lay.name:52s} {lay.mem_bytes / GIB:8.1f} {lay.step_s:8.3f} {lay.exposed_comm_s:10.3f} "
-            f"{lay.tokens_per_s:12.4g} {margin}"
+            f"{lay.name:40s} {lay.mem_bytes / GIB:8.1f} {lay.step_s:8.3f} {lay.exposed_comm_s:10.3f} "
+            f"{lay.par.dp:5d} {lay.tokens_per_s_per_gpu:10.1f} {lay.tokens_per_s_cluster:13.4g} "
+            + (f"{m:6.1f}%" if m is not None else "      -")
         )
-    print("Trust: see `python -m tspbench.validate` (median |error| of tokens/s on its validation subset).")
+    print(trust_line())
+    if kv["out"]:
+        out = Path(kv["out"])
+        recs = plan_records(
+            ranked, model=model.name, seq_len=seq_len, gpus=gpus, hardware=kv["hardware"], overlap=kv["overlap"]
+        )
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text("".join(json.dumps(r) + "\n" for r in recs))
+        print(f"wrote {len(recs)} records to {out}")
     return 0
 
 

@@ -226,6 +226,13 @@ def default_files() -> list[Path]:
     return sorted((conf_dir() / "published").glob("*.yaml"))
 
 
+def validation_errors(files: list[Path] | None = None) -> dict[str, dict[str, float]]:
+    """The validation subset's errors per quantity (`summary`'s "validation" entry: median_abs_pct, worst_abs_pct,
+    n) for the repo's published rows (or `files`), predicted now: what applies to any prediction the model makes
+    (the README's headline and the planner print them)."""
+    return summary([record(r) for r in load_rows(files or default_files())]).get("validation", {})
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m tspbench.validate",

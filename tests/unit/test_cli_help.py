@@ -50,3 +50,11 @@ def test_argparse_entry_points_help(module, capsys):
 
     out = _run(importlib.import_module(module).main, ["--help"], capsys)
     assert out.startswith("usage: python -m tspbench.")
+
+
+def test_plan_help(capsys):
+    from tspbench.plan import main
+
+    out = _run(main, ["--help"], capsys)
+    assert out.startswith("usage: python -m tspbench.plan")
+    assert "overlap=RULE" in out and "none | ideal | schedule" in out and "out=PATH" in out and "batches=" in out

@@ -92,9 +92,9 @@ def headline_markdown() -> str:
             f"| {r.layout} | {r.memory_gb:.1f} | {r.tokens_per_s_per_gpu:,.0f} | {r.tokens_per_s_per_replica:,.0f} | "
             f"{r.tokens_per_s_cluster / 1e6:.2f}M |"
         )
-    from tspbench.validate import default_files, load_rows, record, summary
+    from tspbench.validate import validation_errors
 
-    val = summary([record(r) for r in load_rows(default_files())]).get("validation", {})
+    val = validation_errors()
     names = {
         "tokens_per_s_per_gpu": "tokens/s",
         "mfu_pct": "MFU",

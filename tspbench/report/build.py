@@ -162,6 +162,7 @@ def build_report(
     `<stem>.csv` and `<stem>.md` (claimed vs reproduced) beside it. `claims` overrides
     tspbench.paper.claims (tests use it)."""
     from tspbench.report.figures import make_figures  # matplotlib import is slow; only when building
+    from tspbench.report.pareto import pareto_section
     from tspbench.report.trust import trust_section
 
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -203,6 +204,7 @@ def build_report(
         empty_figures=[f for f in figures if not f["src"]],
         failures=failure_rows(df),
         trust=trust_section(paths),  # report/trust.py (issue 13)
+        pareto=pareto_section(paths),  # report/pareto.py (issue 13 §3)
         runs=runs,
         configs=configs,
         csv_name=csv_path.name,

@@ -13,7 +13,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from tspbench.config import ParallelConfig
+from tspbench.config import GRAD_BUCKET_ELEMS, ParallelConfig
 from tspbench.model import CoreAttention, Transformer, token_loss_sum
 from tspbench.schemes.comm import Comm, CommLog
 from tspbench.schemes.ops.layout import SeqLayout
@@ -236,11 +236,6 @@ class ParallelModel(nn.Module):
 def local_tensor(t: torch.Tensor) -> torch.Tensor:
     """This rank's part of `t`: the local shard of an FSDP2 DTensor, `t` itself otherwise."""
     return t.to_local() if isinstance(t, DTensor) else t
-
-
-GRAD_BUCKET_ELEMS = 2**25
-"""Gradient all-reduce bucket: at most 32M elements are concatenated at once (Megatron's DDP default is 40M),
-so the sync never holds a second copy of all the gradients."""
 
 
 def _buckets(grads: list[torch.Tensor], cap: int) -> list[list[torch.Tensor]]:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tspbench.config import ModelConfig, ParallelConfig
+from tspbench.config import GRAD_BUCKET_ELEMS, ModelConfig, ParallelConfig
 from tspbench.predict.costmodel.comm import grad_sync_groups, kv_grad_sync_group
 from tspbench.predict.costmodel.params import (
     BYTES,
@@ -258,8 +258,6 @@ def grad_sync_bucket_elems(model: ModelConfig, par: ParallelConfig) -> float:
     GRAD_BUCKET_ELEMS (the in-group sum, then the data-parallel average), freed before the next. Bounded
     by the bucket cap; a lone oversized gradient is reduced in place, so this is an upper estimate when
     buckets do not fill exactly."""
-    from tspbench.schemes.base import GRAD_BUCKET_ELEMS
-
     if par.scheme == "fsdp_sp":  # FSDP reduce-scatters every gradient during backward: no bucket
         return 0.0
     groups = [*grad_sync_groups(model, par), kv_grad_sync_group(model, par)]

@@ -1,0 +1,187 @@
+"""The planner's core (issue 13 §3; the command line is tspbench/plan.py, the report page report/pareto.py).
+
+Enumerates every layout the suite implements, for one cluster of `gpus` devices: at each group size d that divides
+`gpus` (d ≤ max_degree), with the data-parallel degree dp = gpus / d that fills the cluster,
+
+    single (d = 1); tsp; tp; tp_msp (TP + Megatron-SP); sp × {allgather, ring, ulysses};
+    tp_sp at every factorisation d = T·Σ (1 < T < d) × {allgather, ring, ulysses} × Megatron-SP {on, off};
+    fsdp_sp × {allgather, ring}
+
+× every recompute mode × micro-batch sizes. A layout `config.validate_parallel` refuses (heads that do not divide,
+Ulysses' head split, the zigzag, FSDP's row split) is dropped, and so is one whose closed-form peak memory
+(`memory_breakdown`: training, bf16 with fp32 AdamW master, m, v) exceeds the device's. The rest are ranked by
+predicted cluster tokens/s (`cluster_throughput` under the chosen overlap rule, docs/method.md#choice-overlap).
+Closed form only: about a millisecond per layout, no fake-tensor estimate (the slow test in tests/unit/test_plan.py
+checks the memory against the estimate on the paper's 8-GPU setting).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar
+
+from tspbench.config import RECOMPUTE, ConfigError, ModelConfig, ParallelConfig, validate_parallel
+from tspbench.predict.costmodel import OVERLAPS, cluster_throughput, load_hardware, memory_breakdown
+
+BATCHES = (1, 2, 4)
+"""Micro-batch sizes (sequences per replica per step) tried by default."""
+MAX_DEGREE = 64
+"""Largest group size tried by default (llama7b's 32 heads bound every tensor degree well below it)."""
+PAPER_SETTING: dict[str, Any] = {"model": "llama7b", "seq_len": 131072, "gpus": 1024, "hardware": "mi300x"}
+"""The paper's cluster (docs/method.md#published): what the report's Pareto page plans when no records are given."""
+GIB = 2**30
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One fitting layout and its closed-form predictions (per device unless named cluster)."""
+
+    par: ParallelConfig
+    batch: int
+    mem_bytes: float
+    step_s: float
+    compute_s: float
+    exposed_comm_s: float
+    tokens_per_s_cluster: float
+    tokens_per_s_per_gpu: float
+
+    @property
+    def name(self) -> str:
+        p = self.par
+        shape = f"T={p.tp}×Σ={p.degree // p.tp}" if p.scheme == "tp_sp" else f"d={p.degree}"
+        variant = f" {p.sp_variant}" if p.scheme in ("sp", "tp_sp", "fsdp_sp") else ""
+        msp = " no-msp" if p.scheme == "tp_sp" and not p.msp else ""
+        return f"{p.scheme} {shape}{variant}{msp} rc={p.recompute} B={self.batch}"
+
+
+def group_layouts(d: int, dp: int) -> list[ParallelConfig]:
+    """Every implemented layout of a d-device group, replicated dp times (recompute left at none)."""
+    if d == 1:
+        return [ParallelConfig(scheme="single", degree=1, dp=dp)]
+    out = [ParallelConfig(scheme=s, degree=d, dp=dp) for s in ("tsp", "tp", "tp_msp")]
+    out += [ParallelConfig(scheme="sp", degree=d, dp=dp, sp_variant=v) for v in ("allgather", "ring", "ulysses")]
+    for t in (t for t in range(2, d) if d % t == 0):
+        for v in ("allgather", "ring", "ulysses"):
+            out += [ParallelConfig(scheme="tp_sp", degree=d, tp=t, dp=dp, sp_variant=v, msp=m) for m in (True, False)]
+    out += [ParallelConfig(scheme="fsdp_sp", degree=d, dp=dp, sp_variant=v) for v in ("allgather", "ring")]
+    return out
+
+
+def candidates(gpus: int, max_degree: int = MAX_DEGREE, batches: Iterable[int] = BATCHES):
+    """Every (layout, micro-batch) with group size d | gpus, d ≤ max_degree, dp = gpus / d."""
+    out: list[tuple[ParallelConfig, int]] = []
+    for d in (d for d in range(1, min(gpus, max_degree) + 1) if gpus % d == 0):
+        for p in group_layouts(d, gpus // d):
+            out += [(replace(p, recompute=rc), b) for rc in RECOMPUTE for b in batches]
+    return out
+
+
+def plan(
+    model: ModelConfig,
+    seq_len: int,
+    gpus: int,
+    hardware: str,
+    *,
+    max_degree: int = MAX_DEGREE,
+    batches: Iterable[int] = BATCHES,
+    overlap: str = "schedule",
+) -> tuple[list[Layout], int]:
+    """(the fitting layouts, best predicted cluster tokens/s first, ties: less memory first; how many were
+    enumerated)."""
+    if overlap not in OVERLAPS:
+        raise ConfigError(f"overlap={overlap!r} is unknown; allowed: {', '.join(OVERLAPS)}")
+    if gpus < 1 or max_degree < 1:
+        raise ConfigError(f"gpus={gpus} and max_degree={max_degree} must be ≥ 1")
+    hw = load_hardware(hardware)
+    cands = candidates(gpus, max_degree, tuple(batches))
+    fits: list[Layout] = []
+    for par, b in cands:
+        try:
+            validate_parallel(model, par, seq_len, b)
+        except ConfigError:
+            continue
+        mem = memory_breakdown(model, par, seq_len, b)["total"]
+        if mem > hw.mem_bytes:
+            continue
+        ct = cluster_throughput(model, par, seq_len, b, hw, gpus, mode="train", overlap=overlap)
+        fits.append(
+            Layout(
+                par,
+                b,
+                mem,
+                ct["step_s"],
+                ct["compute_s"],
+                ct["exposed_comm_s"],
+                ct["tokens_per_s"],
+                ct["tokens_per_s_per_device"],
+            )
+        )
+    fits.sort(key=lambda x: (-x.tokens_per_s_cluster, x.mem_bytes))
+    return fits, len(cands)
+
+
+def margin_pct(ranked: list[Layout], i: int) -> float | None:
+    """How much faster layout i is than the next one in the ranking (%), None for the last."""
+    if i + 1 >= len(ranked):
+        return None
+    return 100.0 * (ranked[i].tokens_per_s_cluster / ranked[i + 1].tokens_per_s_cluster - 1.0)
+
+
+def pareto_front(
+    items: Iterable[T],
+    mem: Callable[[T], float] = lambda x: x.mem_bytes,  # type: ignore[attr-defined]
+    tps: Callable[[T], float] = lambda x: x.tokens_per_s_cluster,  # type: ignore[attr-defined]
+) -> list[T]:
+    """The memory–throughput Pareto front, leanest first: every item that no other beats on per-device memory
+    (lower) and cluster tokens/s (higher) without being worse on either (of equal points, one is kept). Items:
+    Layouts, or anything with `mem` and `tps` keys (the report passes plan records)."""
+    front: list[T] = []
+    for x in sorted(items, key=lambda x: (mem(x), -tps(x))):
+        if not front or tps(x) > tps(front[-1]):
+            front.append(x)
+    return front
+
+
+def plan_records(
+    ranked: list[Layout], *, model: str, seq_len: int, gpus: int, hardware: str, overlap: str
+) -> list[dict[str, Any]]:
+    """One JSON-able record per ranked layout (docs/records.md#plan-records)."""
+    on_front = {id(x) for x in pareto_front(ranked)}
+    out = []
+    for i, lay in enumerate(ranked):
+        p = lay.par
+        out.append(
+            {
+                "kind": "plan",
+                "method": "modelled",
+                "model": model,
+                "seq_len": seq_len,
+                "gpus": gpus,
+                "hardware": hardware,
+                "overlap": overlap,
+                "mode": "train",
+                "dtype": "bfloat16",
+                "rank": i + 1,
+                "layout": lay.name,
+                "scheme": p.scheme,
+                "degree": p.degree,
+                "tp_degree": p.tp_degree,
+                "sp_degree": p.sp_degree,
+                "sp_variant": p.sp_variant if p.scheme in ("sp", "tp_sp", "fsdp_sp") else None,
+                "msp": p.msp if p.scheme == "tp_sp" else None,
+                "dp": p.dp,
+                "recompute": p.recompute,
+                "batch": lay.batch,
+                "mem_bytes": lay.mem_bytes,
+                "step_s": lay.step_s,
+                "compute_s": lay.compute_s,
+                "exposed_comm_s": lay.exposed_comm_s,
+                "tokens_per_s_cluster": lay.tokens_per_s_cluster,
+                "tokens_per_s_per_gpu": lay.tokens_per_s_per_gpu,
+                "margin_pct": margin_pct(ranked, i),
+                "pareto": id(lay) in on_front,
+            }
+        )
+    return out
