@@ -152,18 +152,8 @@ PAPER_8 = {  # the paper's 8-GPU memory setting, every scheme the estimate runs
 }
 
 
-FSDP_GAP = (
-    "closed form 4.2% below the estimate (28.35 vs 29.59 GB): the full-recompute backward peak is 1.24 GB above the "
-    "closed form, the same absolute gap as sp's (0.8% of its 149 GB), mostly temporaries; with recompute none or "
-    "selective fsdp_sp agrees within 0.01%"
-)
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "name",
-    [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=FSDP_GAP)) if n == "fsdp_sp" else n for n in PAPER_8],
-)
+@pytest.mark.parametrize("name", list(PAPER_8))
 def test_plan_memory_equals_estimate_on_paper_setting(name):
     from tspbench.predict.estimate import estimate
 

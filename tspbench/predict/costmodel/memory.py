@@ -174,8 +174,17 @@ def layer_backward_working_set(
     norm  during the MLP-norm backward, with the attention part of the layer alive: RMSNorm's backward in
           fp32 holds 6 fp32 copies of its input (the saved fp32 input, the upcast gradient and the product /
           reduction terms), plus the residual-stream gradient; the layer's MLP weight gradients exist by then.
-    Returns the two moments' extra bytes ("mlp", "norm"), the saved part alive at each ("mlp_saved",
-    "norm_saved") and their communication-buffer parts.
+    attn  (sp, tp_sp, fsdp_sp with the K/V all-gather) during the zigzag chunk's kernel backward
+          (attention.chunk_backward), with the attention norm's and the attention's saved tensors alive but W_O's
+          flattened input freed: the chunk's dq of the prefix and of the diagonal, their sum and a contiguous copy
+          of its output gradient (4 chunk-sized h/T terms, chunk = half the rank's tokens), the prefix's and the
+          diagonal's dK, dV and their concatenation over the whole key range (4·P·h/(gT), P = the exchanged key
+          tokens), W_O's input gradient and the residual-stream gradient; the layer's MLP and W_O weight
+          gradients exist by then (recompute=selective: + what the replayed core holds, the re-gathered K/V, the
+          chunk outputs and log-sum-exp). It outgrows the MLP moment when the whole-sequence dK/dV do (long
+          sequences over many token shards); it is not a moment for the ring (its own Function) or Ulysses.
+    Returns the moments' extra bytes ("mlp", "norm", and "attn" where it applies), the saved part alive at each
+    ("mlp_saved", "norm_saved", "attn_saved") and their communication-buffer parts.
     """
     geo, b, h, ffn = geometry(par, seq_len, batch), BYTES[dtype], model.dim, model.ffn_hidden
     norm_tok = norm_saved_per_token(model, b)
@@ -196,7 +205,7 @@ def layer_backward_working_set(
         mlp_comm = 0.0
         if geo.gathered_inputs and after_down >= after_mul:
             mlp_comm = d_out + (res_grad if copies == 1 else 0.0)
-    return {
+    out = {
         "mlp": mlp,
         "mlp_saved": layer,
         "mlp_comm": mlp_comm,
@@ -204,6 +213,21 @@ def layer_backward_working_set(
         "norm_saved": geo.n_res * norm_tok + attn,
         "norm_comm": 0.0,
     }
+    if has_attention_moment(par, geo):
+        kv_d, h_t = model.head_dim * kv_heads_per_rank(model, geo.t), h / geo.t
+        wo_in = geo.n_gemm * h_t * b  # W_O's flattened input copy, freed once W_O's backward ran
+        out["attn"] = 4 * geo.n_gemm / 2 * h_t * b + 4 * geo.kv_tokens * kv_d * b + wo_in + res_grad
+        out["attn_saved"] = geo.n_res * norm_tok + attn - wo_in
+        if par.recompute == "selective":  # the replayed core: the re-gathered K/V, the chunk outputs, the lse
+            out["attn_saved"] += 2 * geo.kv_tokens * kv_d * b + wo_in + geo.n_gemm * model.n_heads / geo.t * 4
+        out["attn_comm"] = 0.0
+    return out
+
+
+def has_attention_moment(par: ParallelConfig, geo: Geometry) -> bool:
+    """Whether a block's backward has the `attn` moment of `layer_backward_working_set`: a zigzag shard attending
+    over all-gathered whole-sequence K/V (sp, tp_sp, fsdp_sp with sp_variant=allgather)."""
+    return par.scheme in ("sp", "tp_sp", "fsdp_sp") and par.sp_variant == "allgather" and geo.kv_tokens > 0
 
 
 def head_saved_bytes(
@@ -411,11 +435,14 @@ def memory_phases(
     moments = [("bwd_first", L, g_head), ("bwd_last", 1, g_all - g_embed - g_layer)]
     if fsdp and L >= 3:
         moments.insert(1, ("bwd_mid_first", L - 1, g_head + g_layer))
+    g_wo = model.dim * model.dim / geo.t * bg  # W_O's gradient (attn moment; fsdp_sp: unsharded, a temporary)
     for name, n_stored, grads in moments:
         best = None
-        for moment in ("mlp", "norm"):
+        for moment in ("mlp", "norm", "attn"):
+            if moment not in ws:
+                continue
             saved, extra, comm = ws[f"{moment}_saved"], ws[moment], ws[f"{moment}_comm"]
-            g = grads + (g_mlp if moment == "norm" else 0.0)
+            g = grads + (g_mlp if moment in ("norm", "attn") else 0.0) + (g_wo if moment == "attn" and not fsdp else 0)
             if par.recompute == "full":  # the layer's activations are rebuilt in backward: temporaries
                 act = n_stored * stored
                 comm_b = comm + (gath if moment == "mlp" else 0.0)
@@ -426,8 +453,8 @@ def memory_phases(
                     act += 4 * h * geo.n_res
                     extra -= 4 * h * geo.n_res
                 comm_b, tmp = comm, extra - comm
-            if moment == "norm":
-                tmp += g_mlp_tmp
+            if moment in ("norm", "attn"):
+                tmp += g_mlp_tmp + (g_wo if moment == "attn" and fsdp else 0.0)
             p = phase(grads=g, activations=act, temporaries=tmp, comm_buffers=comm_b + fsdp_comm[name])
             if best is None or p["total"] > best["total"]:
                 best = p
