@@ -96,10 +96,21 @@ def silu_mul(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return _SiluMul.apply(g, u)
 
 
+def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x·Wᵀ for x [B, S, in] → [B, S, out], in x's storage order. A sequence-first x (a [B, S, h] view of a
+    contiguous [S, B, h] tensor: what an all-gather along the sequence hands back at B > 1, Megatron's [S, B, h]
+    layout) is multiplied as [S, B, h], so the GEMM neither copies its input nor saves a copy for backward, and the
+    output keeps the sequence-first order for the next token-wise op. F.linear on that view would make (and save) a
+    contiguous copy per projection."""
+    if x.dim() == 3 and not x.is_contiguous() and x.transpose(0, 1).is_contiguous():
+        return F.linear(x.transpose(0, 1), w).transpose(0, 1)
+    return F.linear(x, w)
+
+
 def swiglu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor) -> torch.Tensor:
     """(silu(x·W_gateᵀ) ⊙ x·W_upᵀ)·W_downᵀ — linear in each intermediate channel, so channel shards sum. Saves x,
     the gate and up projections and the product (W_down's input): 3 intermediate-sized tensors per token."""
-    return F.linear(silu_mul(F.linear(x, w_gate), F.linear(x, w_up)), w_down)
+    return linear(silu_mul(linear(x, w_gate), linear(x, w_up)), w_down)
 
 
 class LayerKV:
@@ -202,11 +213,10 @@ class Attention(nn.Module, CoreAttention):
 def project_qkv(x, wq, wk, wv, positions, head_dim: int, theta: float):
     """Q, K, V for the heads whose weight rows are given, RoPE'd at the given global positions.
     Returns q [B, n_q, S_loc, d], k, v [B, n_kv, S_loc, d]."""
-    b, s, _ = x.shape
     cos, sin = rope_cos_sin(positions, head_dim, theta, x.dtype)
-    q = apply_rope(F.linear(x, wq).view(b, s, -1, head_dim), cos, sin)
-    k = apply_rope(F.linear(x, wk).view(b, s, -1, head_dim), cos, sin)
-    v = F.linear(x, wv).view(b, s, -1, head_dim)
+    q = apply_rope(linear(x, wq).unflatten(-1, (-1, head_dim)), cos, sin)  # unflatten: a view in either order
+    k = apply_rope(linear(x, wk).unflatten(-1, (-1, head_dim)), cos, sin)
+    v = linear(x, wv).unflatten(-1, (-1, head_dim))
     return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 
 

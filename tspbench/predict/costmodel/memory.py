@@ -55,13 +55,9 @@ class Geometry:
     # bytes as head shards of the whole sequence)
     chunked: bool  # W_O saves a flattened copy of the kernel output (attend_shard's cat; Ulysses' all-to-all back)
     gathered_inputs: bool  # the GEMM inputs are all-gather outputs (tp_msp): communication buffers
-    batch: int = 1  # micro-batch B (tp_msp with B > 1: see `gemm_input_copies`)
-
-    def gemm_input_copies(self, n_proj: int) -> int:
-        """Copies of a GEMM input the projections save. tp_msp with B > 1: the all-gather runs on [S, B, h]
-        and hands back a non-contiguous [B, S, h] view, so each of the n_proj projections (Q, K, V or gate,
-        up) flattens and saves its own contiguous copy (the gathered buffer itself is then not kept)."""
-        return n_proj if self.gathered_inputs and self.batch > 1 else 1
+    batch: int = 1  # micro-batch B
+    # tp_msp at B > 1: the all-gather hands back a [B, S, h] view of a contiguous [S, B, h] buffer and the
+    # projections multiply it in that order (model.linear), so no GEMM copies or saves a copy of its input.
 
 
 def geometry(par: ParallelConfig, seq_len: int, batch: int) -> Geometry:
@@ -121,7 +117,7 @@ def attention_saved_bytes(
     kv_tok = na if selective else (geo.kv_tokens or na)  # selective: the exchanged K/V are rebuilt in backward
     out_copies = 2 if geo.chunked and not selective else 1
     return (
-        geo.gemm_input_copies(3) * na * h * b
+        na * h * b
         + na * h / t * b
         + 2 * kv_tok * kv_d * b
         + na * h / t * b * out_copies
@@ -138,7 +134,7 @@ def mlp_saved_bytes(
     geo, b, h = geometry(par, seq_len, batch), BYTES[dtype], model.dim
     if par.scheme == "tsp":
         return geo.n_gemm * (h + 2 * model.ffn_hidden) * b
-    return geo.gemm_input_copies(2) * geo.n_gemm * h * b + 3 * geo.n_gemm * model.ffn_hidden / geo.t * b
+    return geo.n_gemm * h * b + 3 * geo.n_gemm * model.ffn_hidden / geo.t * b
 
 
 def layer_activation_bytes(
@@ -156,7 +152,7 @@ def layer_activation_bytes(
 def _gathered_saved_bytes(model: ModelConfig, par: ParallelConfig, seq_len: int, batch: int, b: int) -> float:
     """tp_msp: the all-gathered attention and MLP inputs among a layer's saved tensors (comm buffers)."""
     geo = geometry(par, seq_len, batch)
-    return 2 * geo.n_gemm * model.dim * b if geo.gathered_inputs and geo.batch == 1 else 0.0
+    return 2 * geo.n_gemm * model.dim * b if geo.gathered_inputs else 0.0
 
 
 def layer_backward_working_set(
@@ -197,14 +193,13 @@ def layer_backward_working_set(
     else:
         ffn_a = geo.n_gemm * ffn / geo.t * b
         d_out = geo.n_gemm * h * b
-        copies = geo.gemm_input_copies(2)  # tp_msp, B > 1: + a contiguous copy of dY
-        after_down = copies * d_out + ffn_a + ffn / geo.t * h * b  # dY, d(gate·up), dW_down
+        after_down = d_out + ffn_a + ffn / geo.t * h * b  # dY, d(gate·up), dW_down
         after_mul = 3 * ffn_a  # silu_mul backward: σ(gate), d(up), d(gate) (model._SiluMul; d(gate·up) freed)
-        mlp = max(after_down, after_mul) + copies * res_grad
-        # tp_msp: dY is the all-gather of the output gradient (B = 1: the residual gradient is its reduce-scatter)
+        mlp = max(after_down, after_mul) + res_grad
+        # tp_msp: dY is the all-gather of the output gradient and the residual gradient its reduce-scatter
         mlp_comm = 0.0
         if geo.gathered_inputs and after_down >= after_mul:
-            mlp_comm = d_out + (res_grad if copies == 1 else 0.0)
+            mlp_comm = d_out + res_grad
     out = {
         "mlp": mlp,
         "mlp_saved": layer,
