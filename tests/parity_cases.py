@@ -47,6 +47,7 @@ VARIANTS = {
         ("tp_sp", "allgather", 1),
         ("tp_sp", "allgather", 2),
         ("fsdp_sp", "allgather", 0),
+        ("fsdp_sp", "ulysses", 0),
     ],
     4: [
         ("tp", "allgather", 0),
@@ -60,6 +61,7 @@ VARIANTS = {
         ("fsdp_sp", "allgather", 0),
         ("fsdp_sp", "ring", 0),
         ("tp_sp", "ulysses", 2),
+        ("fsdp_sp", "ulysses", 0),
     ],
     3: [
         ("tp", "allgather", 0),
@@ -71,6 +73,7 @@ VARIANTS = {
         ("tp_sp", "allgather", 1),
         ("tp_sp", "allgather", 3),
         ("fsdp_sp", "allgather", 0),
+        ("fsdp_sp", "ulysses", 0),
     ],
 }
 

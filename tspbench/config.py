@@ -83,7 +83,7 @@ class ParallelConfig:
     """sp: how attention sees the whole sequence: allgather (K/V all-gather, zigzag; default) | ring
     (peer-to-peer K/V hops, online softmax) | ulysses (DeepSpeed-Ulysses: all-to-all from token shards to head
     shards and back; n_heads and n_kv_heads divisible by Σ, by T·Σ in tp_sp; docs/method.md#ulysses); the same
-    three for tp_sp's Σ axis; fsdp_sp: allgather | ring."""
+    three for tp_sp's Σ axis and for fsdp_sp."""
     kv_bucket_heads: int = 0
     """tsp only: KV heads per K/V all-gather in the attention owner loop (head buckets: bucket b+1's all-gather is in
     flight while bucket b's attention runs; smaller buckets bound the gathered K/V buffer). 0: all of an owner's
@@ -249,10 +249,6 @@ def validate_parallel(
             f"vocab={p.vocab}: scheme=fsdp_sp shards the embedding and LM head with FSDP; allowed: vocab=auto",
         )
         _need(
-            p.sp_variant in ("allgather", "ring"),
-            f"sp_variant={p.sp_variant} is not implemented for scheme=fsdp_sp; allowed: allgather, ring",
-        )
-        _need(
             m.dim % n == 0,
             f"model.dim={m.dim} must be divisible by dp × degree = {n} (scheme=fsdp_sp shards every weight's rows "
             f"over dp × degree); allowed dp × degree: {_divisors(m.dim)}",
@@ -264,7 +260,7 @@ def validate_parallel(
             f"seq_len={seq_len} must be divisible by Σ·T = {s * t} (scheme=tp_sp msp=true splits each token shard "
             f"over the tensor axis); e.g. seq_len={step * max(1, seq_len // step)}, or msp=false",
         )
-    if p.sp_variant == "ulysses" and p.scheme in ("sp", "tp_sp"):
+    if p.sp_variant == "ulysses" and p.scheme in ("sp", "tp_sp", "fsdp_sp"):
         split = f"T·Σ={t * s}" if p.scheme == "tp_sp" else f"the sequence degree Σ={s}"  # tp_sp: n/T heads over Σ
         allowed = _divisors(m.n_kv_heads).removeprefix("1, ")
         for f in ("n_heads", "n_kv_heads"):

@@ -36,6 +36,8 @@ def formula_fwd(vc) -> float:
     if vc.scheme == "fsdp_sp":  # FSDP all-gathers the block unit (W + its 2 norm weights) over N = dp·Σ ranks
         N = vc.dp * n
         W = (2 * m.n_heads * d + 2 * m.n_kv_heads * d) * h + 3 * m.ffn_hidden * h
+        if vc.sp_variant == "ulysses":  # sp's Ulysses all-to-alls beside the unit's all-gather
+            return (W + 2 * h) * (N - 1) / N + B * S / n * (2 * h + 2 * h / g) * (n - 1) / n
         return (W + 2 * h) * (N - 1) / N + 2 * B * S * (h / g) * (n - 1) / n
     raise AssertionError(vc.scheme)
 
@@ -78,8 +80,9 @@ def test_layer_volume_equals_formula(parity_results, cid):
         assert got["bwd"] == pytest.approx(formula_bwd(vc), rel=1e-12, abs=0)
     elif vc.recompute == "selective":  # only the attention kernel is replayed: the ring's hops are its part
         assert got["bwd"] == pytest.approx(formula_bwd(vc) + selective_replay(vc), rel=1e-12, abs=0)
-    elif vc.scheme == "fsdp_sp":  # full: the unit stays gathered for backward; only the K/V exchange replays
-        assert got["bwd"] == pytest.approx(formula_bwd(vc) + selective_replay(vc), rel=1e-12, abs=0)
+    elif vc.scheme == "fsdp_sp":  # full: the unit stays gathered for backward; only the sequence exchange replays
+        replay = formula_fwd(vc) - fsdp_unit_volume(vc) if vc.sp_variant == "ulysses" else selective_replay(vc)
+        assert got["bwd"] == pytest.approx(formula_bwd(vc) + replay, rel=1e-12, abs=0)
     else:  # full recompute replays the block's forward collectives during backward, never fewer
         assert got["bwd"] > formula_bwd(vc)
 

@@ -40,7 +40,7 @@ BAD = [
     (["scheme=fsdp_sp", "degree=3", "seq_len=36"], "model.dim=64 must be divisible by dp × degree = 3"),
     (["scheme=fsdp_sp", "degree=2", "dp=3"], "model.dim=64 must be divisible by dp × degree = 6"),
     (["scheme=fsdp_sp", "vocab=replicated"], "allowed: vocab=auto"),
-    (["scheme=fsdp_sp", "degree=2", "sp_variant=ulysses"], "sp_variant=ulysses is not implemented for scheme=fsdp_sp"),
+    (["scheme=fsdp_sp", "degree=4", "model.n_kv_heads=2", "sp_variant=ulysses"], "n_kv_heads=2 must be divisible"),
     (["scheme=tp", "degree=2", "msp=false"], "msp=false is a tp_sp option"),
     (["scheme=tp_sp", "degree=8", "tp=4", "seq_len=36"], "seq_len=36 must be divisible by Σ·T = 8"),
 ]

@@ -43,7 +43,7 @@ def test_enumeration_covers_every_implemented_layout():
     assert {(p.tp, p.sp_variant, p.msp) for p in pars if p.scheme == "tp_sp" and p.degree == 8} == {
         (t, v, m) for t in (2, 4) for v in ("allgather", "ring", "ulysses") for m in (True, False)
     }
-    assert {p.sp_variant for p in pars if p.scheme == "fsdp_sp"} == {"allgather", "ring"}  # ulysses: not implemented
+    assert {p.sp_variant for p in pars if p.scheme == "fsdp_sp"} == {"allgather", "ring", "ulysses"}
     assert {p.degree for p in pars} == {1, 2, 4, 8} and all(p.dp * p.degree == 64 for p in pars)
 
 
@@ -52,7 +52,7 @@ def test_ulysses_msp_off_and_fsdp_sp_fit_somewhere(ranked64):
     assert any(n.startswith("sp ") and "ulysses" in n for n in names)
     assert any(n.startswith("tp_sp ") and "ulysses" in n for n in names)
     assert any("no-msp" in n for n in names)
-    assert {lay.par.sp_variant for lay in ranked64 if lay.par.scheme == "fsdp_sp"} == {"allgather", "ring"}
+    assert {lay.par.sp_variant for lay in ranked64 if lay.par.scheme == "fsdp_sp"} == {"allgather", "ring", "ulysses"}
     assert {lay.batch for lay in ranked64} == {1, 2, 4}
 
 

@@ -35,7 +35,7 @@ def candidates(degree: int = GPUS_PER_REPLICA) -> list[tuple[str, ParallelConfig
         for msp in (True, False):
             label = f"TP×SP T={t}×Σ={degree // t}" + ("" if msp else " (no Megatron-SP)")
             out.append((label, ParallelConfig(scheme="tp_sp", degree=degree, tp=t, msp=msp)))
-    for variant in ("allgather", "ring"):
+    for variant in ("allgather", "ring", "ulysses"):
         out.append(
             (f"FSDP×SP Σ={degree} ({variant})", ParallelConfig(scheme="fsdp_sp", degree=degree, sp_variant=variant))
         )

@@ -5,7 +5,7 @@ Enumerates every layout the suite implements, for one cluster of `gpus` devices:
 
     single (d = 1); tsp; tp; tp_msp (TP + Megatron-SP); sp × {allgather, ring, ulysses};
     tp_sp at every factorisation d = T·Σ (1 < T < d) × {allgather, ring, ulysses} × Megatron-SP {on, off};
-    fsdp_sp × {allgather, ring}
+    fsdp_sp × {allgather, ring, ulysses}
 
 × every recompute mode × micro-batch sizes. A layout `config.validate_parallel` refuses (heads that do not divide,
 Ulysses' head split, the zigzag, FSDP's row split) is dropped, and so is one whose closed-form peak memory
@@ -65,7 +65,7 @@ def group_layouts(d: int, dp: int) -> list[ParallelConfig]:
     for t in (t for t in range(2, d) if d % t == 0):
         for v in ("allgather", "ring", "ulysses"):
             out += [ParallelConfig(scheme="tp_sp", degree=d, tp=t, dp=dp, sp_variant=v, msp=m) for m in (True, False)]
-    out += [ParallelConfig(scheme="fsdp_sp", degree=d, dp=dp, sp_variant=v) for v in ("allgather", "ring")]
+    out += [ParallelConfig(scheme="fsdp_sp", degree=d, dp=dp, sp_variant=v) for v in ("allgather", "ring", "ulysses")]
     return out
 
 

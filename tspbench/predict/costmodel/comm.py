@@ -38,7 +38,8 @@ def comm_per_layer(
         sp          kv          2·N·(h/g)·(Σ−1)/Σ      (all-gather of K and V)
         tp_sp       activations 4·(N/Σ)·h·(T−1)/T  +  kv 2·N·(h/(g·T))·(Σ−1)/Σ   (Megatron-SP's all-gather +
                     reduce-scatter pairs over T, or with msp=false 2 all-reduces: the same volume)
-        sp ulysses  heads       (N/Σ)·(2h + 2h/g)·(Σ−1)/Σ  (all-to-all of [Q; K; V] in, of O out; #ulysses)
+        sp ulysses  heads       (N/Σ)·(2h + 2h/g)·(Σ−1)/Σ  (all-to-all of [Q; K; V] in, of O out; #ulysses;
+                    fsdp_sp ulysses the same)
                     (tp_sp ulysses: the same on the n/T local heads, ÷ T, beside the T axis's activations)
         tp_sp       activations 4·(N/Σ)·h·(T−1)/T  +  kv 2·N·(h/(g·T))·(Σ−1)/Σ
         tsp         weights     W·(D−1)/D              (attention broadcasts + MLP ring)
@@ -67,7 +68,7 @@ def comm_per_layer(
     if s in ("tp", "tp_msp", "tp_sp"):
         fwd["activations"] = 4 * (n / lay.sp) * h * (lay.tp - 1) / lay.tp
     kv_d = model.head_dim * kv_heads_per_rank(model, lay.tp)  # K (or V) width per token on a rank: h/(g·T)
-    ulysses = s in ("sp", "tp_sp") and par.sp_variant == "ulysses"
+    ulysses = s in ("sp", "tp_sp", "fsdp_sp") and par.sp_variant == "ulysses"
     if ulysses:
         fwd["heads"] = (n / lay.sp) * (2 * h + 2 * model.n_kv_heads * model.head_dim) / lay.tp * (lay.sp - 1) / lay.sp
     elif s in ("sp", "tp_sp", "fsdp_sp"):
@@ -87,7 +88,8 @@ def comm_per_layer(
         bwd["weights"] = 2 * fwd["weights"]  # TSP: weight re-send + weight-grad reduce
         bwd["heads"] = fwd["heads"]  # Ulysses: the inverse all-to-alls of dO and d[Q; K; V]
         if par.recompute == "full" and s == "fsdp_sp":
-            bwd["kv"] += fwd["kv"]  # the unit is already gathered for backward: only the K/V exchange replays
+            bwd["kv"] += fwd["kv"]  # the unit is already gathered for backward: only the exchange replays
+            bwd["heads"] += fwd["heads"]
         elif par.recompute == "full":
             bwd = {key: bwd[key] + fwd[key] for key in bwd}  # one more forward's worth
         elif par.recompute == "selective" and s in ("sp", "tp_sp", "fsdp_sp") and not ulysses:

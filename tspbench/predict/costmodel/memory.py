@@ -375,8 +375,9 @@ def memory_phases(
             geo.n_res * h * b
             + 2 * 2 * (geo.kv_tokens or geo.n_gemm) * model.head_dim * kv_heads_per_rank(model, geo.t) * b,
         )
-        if par.scheme in ("sp", "tp_sp") and par.sp_variant == "ulysses":  # block input, its norm, local Q/K/V,
-            # their head shards as received and un-zigzagged, the kernel output and its re-zigzagged copy
+        if par.scheme in ("sp", "tp_sp", "fsdp_sp") and par.sp_variant == "ulysses":
+            # block input, its norm, local Q/K/V, their head shards as received and un-zigzagged, the kernel output
+            # and its re-zigzagged copy
             qkv = 3 * (h + 2 * h / model.gqa_ratio) / geo.t
             layer = max(layer, geo.n_res * (2 * h + qkv + 2 * h / geo.t) * b)
         kv = kv_cache_bytes(model, par, seq_len, batch, dtype) if kv_cache else 0.0

@@ -114,15 +114,21 @@ def layer_collectives(
         fwd += tp_colls + [kv]
         bwd += tp_colls + [("reduce_scatter",) + kv[1:]]
         bwd += [kv] if regather_kv or par.recompute == "selective" else []  # selective re-runs the exchange
-    elif s == "fsdp_sp":  # docs/method.md#fsdp-sp: the unit over N = dp·Σ, sp's K/V over Σ
+    elif s == "fsdp_sp":  # docs/method.md#fsdp-sp: the unit over N = dp·Σ, sp's exchange over Σ
         nf = fsdp_shards(par)
         unit = ("allgather", nf, layer_weight_params(model) + 2 * h, nf, 1)
-        kv = ("allgather", sig, 2 * n * kv_d, sig, 1)
-        fwd += [unit, kv]
-        bwd += [unit, ("reduce_scatter",) + unit[1:], ("reduce_scatter",) + kv[1:]]
-        bwd += [kv] if regather_kv or par.recompute == "selective" else []
-        if mode == "train" and par.recompute == "full":  # the unit stays gathered: only the K/V exchange replays
-            return fwd + bwd + [kv]
+        if par.sp_variant == "ulysses":  # [Q; K; V] to head shards, O back; the inverse all-to-alls backward
+            qkv, o = n / sig * (h + 2 * model.n_kv_heads * model.head_dim), n / sig * h
+            exch = [("alltoall", sig, qkv, sig, 1), ("alltoall", sig, o, sig, 1)]
+            exch_bwd, replay = list(exch), []  # selective: the all-to-alls stay outside the recomputed core
+        else:
+            kv = ("allgather", sig, 2 * n * kv_d, sig, 1)
+            exch, exch_bwd = [kv], [("reduce_scatter",) + kv[1:]]
+            replay = [kv] if regather_kv or par.recompute == "selective" else []
+        fwd += [unit, *exch]
+        bwd += [unit, ("reduce_scatter",) + unit[1:], *exch_bwd, *replay]
+        if mode == "train" and par.recompute == "full":  # the unit stays gathered: only the exchange replays
+            return fwd + bwd + exch
     elif s == "tsp":
         d = par.degree
         attn_shard = layer_weight_params_per_rank(model, par) - 3 * model.ffn_hidden * h / d  # one owner's
