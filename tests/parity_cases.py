@@ -220,6 +220,9 @@ def cases_for_world(world: int) -> list[tuple[VerifyConfig, str | None]]:
             (_vc(KV2, "tp", 4), "kv_head_wrong_group"),
             (_vc(GQA, "fsdp_sp", 2, dp=2), "fsdp_no_reduce_scatter"),
             (_vc(GQA, "sp", 4, "ulysses"), "ulysses_wrong_dim"),
+            # ring attention whose [dK; dV] never travels back: forward exact, K/V gradients wrong
+            (_vc(GQA, "sp", 4, "ring"), "ring_dkv_not_returned"),
+            (_vc(MHA, "fsdp_sp", 4, "ring"), "ring_dkv_not_returned"),
         ]
     return out
 

@@ -233,6 +233,24 @@ def ulysses_wrong_dim():
         yield
 
 
+@contextlib.contextmanager
+def ring_dkv_not_returned():
+    """Ring attention (sp_variant=ring): the [dK; dV] accumulator is not sent back along the reverse hops; each rank
+    receives zeros, so a block's gradient keeps only the partial of the rank that held it last. Forward is exact."""
+    from tspbench.schemes.comm import Comm
+
+    real = Comm.start_shift
+
+    def start_shift(self, send, recv, offset=1, tag=0, label="send_recv"):
+        pending = real(self, send, recv, offset, tag, label)
+        if label.startswith("ring_attn:") and ":bwd:" in label:
+            pending.finish = lambda r: r.zero_()
+        return pending
+
+    with mock.patch.object(Comm, "start_shift", start_shift):
+        yield
+
+
 BREAKAGES = {
     "missing_allreduce": missing_allreduce,
     "wrong_zigzag_order": wrong_zigzag_order,
@@ -249,4 +267,5 @@ BREAKAGES = {
     "fsdp_no_reduce_scatter": fsdp_no_reduce_scatter,
     "msp_without_reduce_scatter": msp_without_reduce_scatter,
     "ulysses_wrong_dim": ulysses_wrong_dim,
+    "ring_dkv_not_returned": ring_dkv_not_returned,
 }
