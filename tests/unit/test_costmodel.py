@@ -486,7 +486,8 @@ def test_kv_replication_llama70b_shape_at_d16():
 
 def test_schedule_overlap_follows_the_code():
     """overlap="schedule" (costmodel/time.py schedule_exposed_comm_s): the baselines' synchronous collectives stay
-    exposed (schedule = none); TSP hides what its issue order lets it hide (between ideal and none), and smaller
+    exposed (schedule = none), FSDP2's unit collectives hide behind compute (fsdp_sp between ideal and none); TSP
+    hides what its issue order lets it hide (between ideal and none), and smaller
     K/V buckets hide more of the gather at 128K."""
     from tspbench.predict.costmodel.time import cluster_throughput, schedule_exposed_comm_s
 
@@ -497,6 +498,13 @@ def test_schedule_overlap_follows_the_code():
             cluster_throughput(LLAMA7B, par, S128K, 1, hw, 64, mode="train", overlap=o) for o in ("none", "schedule")
         )
         assert sched["step_s"] == pytest.approx(none["step_s"])
+    for rc in ("none", "full"):  # FSDP2 prefetch: the unit all-gather / reduce-scatter hide behind a layer's compute
+        par = ParallelConfig(scheme="fsdp_sp", degree=8, recompute=rc)
+        t = {
+            o: cluster_throughput(LLAMA7B, par, S128K, 1, hw, 64, mode="train", overlap=o)
+            for o in ("none", "schedule", "ideal")
+        }
+        assert t["ideal"]["step_s"] < t["schedule"]["step_s"] < t["none"]["step_s"]
     by_bucket = {}
     for buckets in (0, 1):
         par = ParallelConfig(scheme="tsp", degree=8, recompute="full", kv_bucket_heads=buckets)

@@ -206,9 +206,15 @@ def schedule_exposed_comm_s(
         ring hops      behind the current shard: (D−1)·max(0, t_h − c_m); backward's weight and gradient hops share
                        the link: (D−1)·max(0, 2·t_h − 2·c_m)
         reduce, dK/dV reduce-scatter (backward)   behind the next owner's backward: D·max(0, t_r + t_rs − 2·c_a)
-    The in-group gradient all-reduce and the edges stay exposed (they follow the layers)."""
+    The in-group gradient all-reduce and the edges stay exposed (they follow the layers).
+    fsdp_sp (FSDP2, schemes/fsdp_sp.py: explicit prefetch, collectives on FSDP's own streams): the next unit's
+    all-gather runs behind this layer's forward, max(0, t_ag − c_f); in backward the previous unit's all-gather and
+    this unit's gradient reduce-scatter run behind its backward, max(0, t_ag + t_rs − 2·c_f), with c_f one layer's
+    forward compute on the rank's tokens (GEMMs + kernel); sp's K/V exchange stays exposed (synchronous)."""
     colls = layer_collectives(model, par, seq_len, batch, mode=mode)
     b = BYTES[dtype]
+    if par.scheme == "fsdp_sp":
+        return _fsdp_exposed_comm_s(model, par, seq_len, batch, hw, colls, mode, dtype)
     if par.scheme != "tsp":
         return _collectives_time_s(colls, hw, b)
     d, h, ffn = par.degree, model.dim, model.ffn_hidden
@@ -236,6 +242,22 @@ def schedule_exposed_comm_s(
         exposed += d * max(0.0, t_r + t_rs - 2 * c_a)
         if par.recompute == "full":  # the replay: the forward's schedule once more
             exposed += t_b + (d - 1) * max(0.0, t_b - c_a) + gathers + (d - 1) * max(0.0, t_h - c_m)
+    return exposed
+
+
+def _fsdp_exposed_comm_s(model, par, seq_len, batch, hw, colls, mode: str, dtype: str) -> float:
+    """fsdp_sp's exposed communication per layer under the schedule rule (`schedule_exposed_comm_s`)."""
+    unit_elems = layer_weight_params(model) + 2 * model.dim
+    unit = [c for c in colls if c[2] == unit_elems and c[0] in ("allgather", "reduce_scatter")]
+    rest = [c for c in colls if c not in unit]
+    b, eff = BYTES[dtype], hw.peak_flops(dtype) * hw.matmul_efficiency
+    tokens = batch * seq_len / par.sp_degree
+    c_f = tokens * 2 * layer_weight_params(model) / eff + tokens * 4 * seq_len * model.dim * 0.5 / eff
+    ag = _collectives_time_s([c for c in unit if c[0] == "allgather"][:1], hw, b)
+    rs = _collectives_time_s([c for c in unit if c[0] == "reduce_scatter"][:1], hw, b)
+    exposed = _collectives_time_s(rest, hw, b) + max(0.0, ag - c_f)
+    if mode == "train":
+        exposed += max(0.0, ag + rs - 2 * c_f)
     return exposed
 
 
