@@ -70,8 +70,8 @@ def test_smoke_grid_has_all_six_schemes_single_at_degree_1():
 def test_microbatch_experiment_sweeps_b_on_16_gpus():
     specs = expand_grid(compose_experiment(["+exp=microbatch"]))
     assert {s.batch for s in specs} == {1, 2, 4, 8, 16} and {s.world_size for s in specs} == {16}
-    # tp, tp_msp, tp_sp (T = 2, 4) × (Megatron-SP on, off), fsdp_sp × (allgather, ring), tsp
-    assert len(specs) == 9 * 5 and {s.mode for s in specs} == {"train"}
+    # tp, tp_msp, tp_sp (T = 2, 4) × (Megatron-SP on, off), fsdp_sp × (allgather, ring, ulysses), tsp
+    assert len(specs) == 10 * 5 and {s.mode for s in specs} == {"train"}
 
 
 def test_serving_experiment_is_a_decode_grid():
