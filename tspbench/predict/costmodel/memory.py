@@ -6,9 +6,9 @@ Memory (`memory_phases`, `memory_breakdown`): the peak of one step of tspbench's
 the moments where it can fall (loss backward, the first and last layer's backward, embedding backward,
 gradient sync, optimizer step), each with its live categories. The terms are read off the code and checked
 against the fake-tensor estimate (tspbench/predict/estimate.py, which runs the scheme code itself on the target
-shapes): it agrees to < 0.1% for llama7b, 16K and 128K, D = 8, every scheme, and to a few % on small GQA
-models, B > 1, fp32 and dp > 1 (tests/test_estimate.py). Per layer without recompute a rank saves (per
-token of its residual stream / GEMM input, b = dtype bytes): two RMSNorms at 4h + b·h bytes (fp32 input
+shapes): it agrees within 1.1% for llama7b, 16K and 128K, D = 8, every scheme (< 0.1% for tp, sp, tp_sp), and
+to a few % on small GQA models, B > 1, fp32 and dp > 1 (tests/test_estimate.py). Per layer without recompute a
+rank saves (per token of its residual stream / GEMM input, b = dtype bytes): two RMSNorms at 4h + b·h bytes (fp32 input
 copy + normalised tensor), the attention input h·b, Q h/T·b, K and V 2h/(gT)·b (full-sequence copies after
 a K/V all-gather; Ulysses' head shards are the local size, docs/method.md#ulysses), the output h/T·b (twice on
 the zigzag path), fp32 log-sum-exp and RoPE tables, the MLP
