@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
+from overlap_events import index_of, record_step_events, synchronous
 
 from tspbench.config import ModelConfig, ParallelConfig
 
@@ -29,34 +29,13 @@ D, SEQ = 4, 32
 BUCKETS = TINY.n_kv_heads // D  # kv_bucket_heads=1
 
 
-def _step(rank: int, world: int, out_file: str) -> None:
-    from tspbench.schemes import ApplyArgs, apply_scheme, build_mesh
-    from tspbench.schemes.comm import CommLog
-    from tspbench.schemes.train import MixedPrecisionAdamW, train_step
-
-    par = ParallelConfig(scheme="tsp", degree=D, kv_bucket_heads=1)
-    log = CommLog()
-    pm = apply_scheme(TINY, par, ApplyArgs(build_mesh(par, "cpu"), SEQ, 0, torch.float32, "cpu", log))
-    gen = torch.Generator().manual_seed(0)
-    tokens = torch.randint(0, TINY.vocab_size, (1, SEQ), generator=gen)
-    tok, tgt, pos = pm.local_batch(tokens, tokens.roll(-1, 1))
-    train_step(pm, MixedPrecisionAdamW(list(pm.parameters()), lr=1e-3), tok, tgt, pos)
-    if rank == 0:
-        with open(out_file, "w") as f:
-            json.dump(log.events, f)
-
-
 def violations(events: list, layer: str = "layer0") -> list[str]:
     """Every rule of the module docstring that the event list breaks (empty: the schedule overlaps)."""
     ev = [tuple(e) for e in events]
     bad: list[str] = []
 
     def at(kind: str, label: str) -> int:
-        try:
-            return ev.index((kind, label))
-        except ValueError:
-            bad.append(f"missing {kind} {label}")
-            return -1
+        return index_of(ev, kind, label, bad)
 
     def rule(first: tuple[str, str], then: tuple[str, str]) -> None:
         i, j = at(*first), at(*then)
@@ -97,7 +76,7 @@ def events(tmp_path_factory) -> list:
     from tspbench.spawn import spawn
 
     out = tmp_path_factory.mktemp("overlap") / "events.json"
-    spawn(_step, D, str(out))
+    spawn(record_step_events, D, TINY, ParallelConfig(scheme="tsp", degree=D, kv_bucket_heads=1), SEQ, str(out))
     return json.loads(out.read_text())
 
 
@@ -110,10 +89,4 @@ def test_tsp_issue_order_overlaps(events):
 def test_checker_fails_on_a_synchronous_schedule(events):
     """Rewrite the recorded schedule as a synchronous one (every collective waited right after it is posted,
     before any compute that followed the post): the checker must object."""
-    sync: list = []
-    for kind, label in (tuple(e) for e in events):
-        if kind == "post":
-            sync += [("post", label), ("wait", label)]
-        elif kind == "compute":
-            sync.append(("compute", label))
-    assert len(violations(sync)) > 10
+    assert len(violations(synchronous(events))) > 10

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
+from overlap_events import index_of, record_step_events, synchronous
 
 from tspbench.config import ModelConfig, ParallelConfig
 
@@ -23,32 +23,13 @@ TINY = ModelConfig(name="tiny", vocab_size=128, dim=64, n_layers=2, n_heads=8, n
 SIGMA, SEQ = 4, 32
 
 
-def _step(rank: int, world: int, out_file: str) -> None:
-    from tspbench.schemes import ApplyArgs, apply_scheme, build_mesh
-    from tspbench.schemes.comm import CommLog
-    from tspbench.schemes.train import MixedPrecisionAdamW, train_step
-
-    par = ParallelConfig(scheme="sp", degree=SIGMA, sp_variant="ring")
-    log = CommLog()
-    pm = apply_scheme(TINY, par, ApplyArgs(build_mesh(par, "cpu"), SEQ, 0, torch.float32, "cpu", log))
-    tokens = torch.randint(0, TINY.vocab_size, (1, SEQ), generator=torch.Generator().manual_seed(0))
-    tok, tgt, pos = pm.local_batch(tokens, tokens.roll(-1, 1))
-    train_step(pm, MixedPrecisionAdamW(list(pm.parameters()), lr=1e-3), tok, tgt, pos)
-    if rank == 0:
-        with open(out_file, "w") as f:
-            json.dump(log.events, f)
-
-
 def violations(events: list, layer: str = "layer0") -> list[str]:
     """Every rule of the module docstring that the event list breaks (empty: the schedule overlaps)."""
     ev = [tuple(e) for e in events]
     bad: list[str] = []
 
     def at(kind: str, label: str) -> int:
-        if (kind, label) not in ev:
-            bad.append(f"missing {kind} {label}")
-            return -1
-        return ev.index((kind, label))
+        return index_of(ev, kind, label, bad)
 
     def around(hop: str, step: str) -> None:  # post hop < compute step < wait hop
         p, c, w = at("post", hop), at("compute", step), at("wait", hop)
@@ -68,7 +49,7 @@ def events(tmp_path_factory) -> list:
     from tspbench.spawn import spawn
 
     out = tmp_path_factory.mktemp("ring_overlap") / "events.json"
-    spawn(_step, SIGMA, str(out))
+    spawn(record_step_events, SIGMA, TINY, ParallelConfig(scheme="sp", degree=SIGMA, sp_variant="ring"), SEQ, str(out))
     return json.loads(out.read_text())
 
 
@@ -79,10 +60,4 @@ def test_ring_attention_hops_overlap_the_kernels(events):
 
 
 def test_checker_fails_on_a_synchronous_schedule(events):
-    sync: list = []
-    for kind, label in (tuple(e) for e in events):
-        if kind == "post":
-            sync += [("post", label), ("wait", label)]
-        elif kind == "compute":
-            sync.append(("compute", label))
-    assert len(violations(sync)) == 2 * (SIGMA - 1)  # every forward and backward hop of layer 0
+    assert len(violations(synchronous(events))) == 2 * (SIGMA - 1)  # every forward and backward hop of layer 0

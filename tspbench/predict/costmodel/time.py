@@ -115,8 +115,7 @@ def layer_collectives(
         bwd += tp_colls + [("reduce_scatter",) + kv[1:]]
         bwd += [kv] if regather_kv or par.recompute == "selective" else []  # selective re-runs the exchange
     elif s == "fsdp_sp":  # docs/method.md#fsdp-sp: the unit over N = dp·Σ, sp's exchange over Σ
-        nf = fsdp_shards(par)
-        unit = ("allgather", nf, layer_weight_params(model) + 2 * h, nf, 1)
+        unit = _fsdp_unit_gather(model, par)
         if par.sp_variant == "ulysses":  # [Q; K; V] to head shards, O back; the inverse all-to-alls backward
             qkv, o = n / sig * (h + 2 * model.n_kv_heads * model.head_dim), n / sig * h
             exch = [("alltoall", sig, qkv, sig, 1), ("alltoall", sig, o, sig, 1)]
@@ -245,16 +244,22 @@ def schedule_exposed_comm_s(
     return exposed
 
 
+def _fsdp_unit_gather(model: ModelConfig, par: ParallelConfig) -> tuple[str, int, float, int, int]:
+    """fsdp_sp's per-layer unit all-gather (the block's weights and its 2 norms over N = dp·Σ); its gradient
+    reduce-scatter is the same tuple with op "reduce_scatter"."""
+    nf = fsdp_shards(par)
+    return ("allgather", nf, layer_weight_params(model) + 2 * model.dim, nf, 1)
+
+
 def _fsdp_exposed_comm_s(model, par, seq_len, batch, hw, colls, mode: str, dtype: str) -> float:
     """fsdp_sp's exposed communication per layer under the schedule rule (`schedule_exposed_comm_s`)."""
-    unit_elems = layer_weight_params(model) + 2 * model.dim
-    unit = [c for c in colls if c[2] == unit_elems and c[0] in ("allgather", "reduce_scatter")]
-    rest = [c for c in colls if c not in unit]
+    unit = _fsdp_unit_gather(model, par)
+    unit_rs = ("reduce_scatter", *unit[1:])
+    rest = [c for c in colls if c not in (unit, unit_rs)]  # the sequence exchange: synchronous, exposed
     b, eff = BYTES[dtype], hw.peak_flops(dtype) * hw.matmul_efficiency
     tokens = batch * seq_len / par.sp_degree
     c_f = tokens * 2 * layer_weight_params(model) / eff + tokens * 4 * seq_len * model.dim * 0.5 / eff
-    ag = _collectives_time_s([c for c in unit if c[0] == "allgather"][:1], hw, b)
-    rs = _collectives_time_s([c for c in unit if c[0] == "reduce_scatter"][:1], hw, b)
+    ag, rs = _collectives_time_s([unit], hw, b), _collectives_time_s([unit_rs], hw, b)
     exposed = _collectives_time_s(rest, hw, b) + max(0.0, ag - c_f)
     if mode == "train":
         exposed += max(0.0, ag + rs - 2 * c_f)
@@ -356,8 +361,7 @@ def decode_collectives(model: ModelConfig, par: ParallelConfig, batch: int) -> l
     if s in ("tp", "tp_msp", "tp_sp") and lay.tp > 1:
         out.append(("allreduce", lay.tp, b * h, lay.tp, 2))  # f/g: W_O and MLP outputs
     if s == "fsdp_sp":  # FSDP gathers the unit for every step's forward
-        nf = fsdp_shards(par)
-        out.append(("allgather", nf, layer_weight_params(model) + 2 * h, nf, 1))
+        out.append(_fsdp_unit_gather(model, par))
     if s in ("sp", "tp_sp", "fsdp_sp") and lay.sp > 1:
         heads = n_h / lay.tp
         out += [
