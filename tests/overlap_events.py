@@ -8,7 +8,8 @@ import json
 
 import torch
 
-from tspbench.config import ModelConfig, ParallelConfig
+from tspbench.config import ModelConfig
+from tspbench.parallel import ParallelConfig
 
 
 def record_step_events(rank: int, world: int, model: ModelConfig, par: ParallelConfig, seq: int, out_file: str) -> None:

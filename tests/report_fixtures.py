@@ -51,7 +51,7 @@ CLAIMS = [
 MEM_TSP_128K_GIB = 36.0  # -> 38.654 GB, -0.38 % vs 38.8
 MEM_TP_128K_GIB = 60.0  # -> 64.425 GB, -7.96 % vs 70.0
 TOK_TSP_1024 = 160e6  # -7.51 % vs 173M
-TOK_TPSP_1024 = (80e6, 70e6)  # T=4·Σ=2 (strongest), T=2·Σ=4 -> speed-up 2.0
+TOK_TPSP_1024 = (80e6, 70e6)  # T=4×Σ=2 (strongest), T=2×Σ=4 -> speed-up 2.0
 
 
 def comm_fwd_elems(scheme: str, s: int, b: int, cfg: dict, d: int, t: int = 0) -> float:

@@ -32,7 +32,8 @@ from typing import Any
 
 import yaml
 
-from tspbench.config import ModelConfig, ParallelConfig
+from tspbench.config import ModelConfig
+from tspbench.parallel import ParallelConfig
 from tspbench.paths import conf_dir, results_dir
 from tspbench.predict.costmodel import cluster_throughput, flops_per_token, load_hardware, memory_breakdown
 

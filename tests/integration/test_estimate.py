@@ -20,8 +20,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tspbench.config import ModelConfig, ParallelConfig
+from tspbench.config import ModelConfig
 from tspbench.paper.tables import LLAMA7B, PAPER_MEMORY_SETTING
+from tspbench.parallel import ParallelConfig
 from tspbench.predict.costmodel import memory_breakdown, params_per_device
 from tspbench.predict.costmodel.memory import memory_phases
 from tspbench.predict.estimate import CATEGORIES, estimate, estimate_summary, measure

@@ -22,7 +22,8 @@ from unittest import mock
 import pytest
 import torch
 
-from tspbench.config import ModelConfig, ParallelConfig
+from tspbench.config import ModelConfig
+from tspbench.parallel import ParallelConfig
 from tspbench.predict.estimate import _fake_patches, fake_process_group, trace_step
 from tspbench.predict.memtrack import MemoryTracker
 

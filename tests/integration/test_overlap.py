@@ -19,7 +19,8 @@ import json
 import pytest
 from overlap_events import index_of, record_step_events, synchronous
 
-from tspbench.config import ModelConfig, ParallelConfig
+from tspbench.config import ModelConfig
+from tspbench.parallel import ParallelConfig
 
 # one worker runs this module: its module-scoped fixture (a spawned rank group / a build) then runs once, not per worker
 pytestmark = pytest.mark.xdist_group("overlap")

@@ -15,7 +15,8 @@ import json
 import pytest
 from overlap_events import index_of, record_step_events, synchronous
 
-from tspbench.config import ModelConfig, ParallelConfig
+from tspbench.config import ModelConfig
+from tspbench.parallel import ParallelConfig
 
 pytestmark = pytest.mark.xdist_group("ring_overlap")  # one worker: the module fixture spawns the ranks once
 

@@ -194,7 +194,8 @@ def test_embedding_and_head_volume(parity_results, cid):
 
 def test_embed_head_formula_by_hand():
     """tp, T = 2, B·S = 64, h = 64: embed 2·64·64·½ = 4096; head 6·64·½ = 192 forward, 4096 backward."""
-    from tspbench.config import ModelConfig, ParallelConfig
+    from tspbench.config import ModelConfig
+    from tspbench.parallel import ParallelConfig
 
     m = ModelConfig(vocab_size=128, dim=64)
     got = comm_embed_head(m, ParallelConfig("tp", 2), 32, 2, mode="train")

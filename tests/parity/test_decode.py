@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from parity_cases import DECODE
 
-from tspbench.config import kv_replicas
+from tspbench.parallel import kv_replicas
 from tspbench.predict.costmodel import comm_decode_per_layer, kv_cache_bytes
 
 

@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from tspbench.config import ModelConfig, ParallelConfig, validate_parallel
+from tspbench.config import ModelConfig
 from tspbench.measure.timing import throughput, tokens_per_step
+from tspbench.parallel import ParallelConfig, validate_parallel
 from tspbench.spawn import spawn
 
 # one worker runs this module: its module-scoped fixture (a spawned rank group / a build) then runs once, not per worker

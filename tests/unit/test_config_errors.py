@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from tspbench.config import ConfigError, ModelConfig, ParallelConfig, validate_parallel
+from tspbench.config import ConfigError, ModelConfig
+from tspbench.parallel import ParallelConfig, validate_parallel
 from tspbench.verify.cli import main
 
 BAD = [
@@ -23,7 +24,7 @@ BAD = [
     ),
     (["scheme=tsp", "degree=4", "seq_len=36"], "seq_len=36 must be divisible by 2×"),
     (["scheme=sp", "degree=2", "seq_len=30"], "zigzag"),
-    (["scheme=zigzag"], "allowed: single, tp, tp_msp, sp, tp_sp, tsp"),
+    (["scheme=zigzag"], "allowed: single, tp, tp_msp, sp, tp_sp, fsdp_sp, tsp"),
     (["scheme=tsp", "degree=1"], "use scheme=single or degree ≥ 2"),
     (["scheme=single", "degree=2"], "use degree=1"),
     (["scheme=tp_sp", "degree=4", "tp=3"], "tp=3 must divide degree=4"),
@@ -35,11 +36,11 @@ BAD = [
     (["dtype=float16"], "allowed: float64, float32, bfloat16"),
     (["model.n_kv_heads=3"], "model.n_kv_heads=3 must divide model.n_heads=8"),
     (["scheme=tp_msp", "degree=4", "model.vocab_size=130"], "model.vocab_size=130 must be divisible by the degree 4"),
-    (["scheme=tp", "vocab=ring"], "vocab=ring is a TSP option"),
+    (["scheme=tp", "vocab=ring"], "vocab=ring is a tsp option"),
     (["scheme=tsp", "vocab=sharded"], "allowed: auto, replicated, ring"),
     (["scheme=fsdp_sp", "degree=3", "seq_len=36"], "model.dim=64 must be divisible by dp × degree = 3"),
     (["scheme=fsdp_sp", "degree=2", "dp=3"], "model.dim=64 must be divisible by dp × degree = 6"),
-    (["scheme=fsdp_sp", "vocab=replicated"], "allowed: vocab=auto"),
+    (["scheme=fsdp_sp", "vocab=replicated"], "scheme=fsdp_sp allows vocab=auto"),
     (["scheme=fsdp_sp", "degree=4", "model.n_kv_heads=2", "sp_variant=ulysses"], "n_kv_heads=2 must be divisible"),
     (["scheme=tp", "degree=2", "msp=false"], "msp=false is a tp_sp option"),
     (["scheme=tp_sp", "degree=8", "tp=4", "seq_len=36"], "seq_len=36 must be divisible by Σ·T = 8"),

@@ -9,7 +9,8 @@ import json
 
 import pytest
 
-from tspbench.config import ModelConfig, ParallelConfig
+from tspbench.config import ModelConfig
+from tspbench.parallel import ParallelConfig
 from tspbench.predict.costmodel import comm_per_layer, params_per_device
 from tspbench.record import guards
 from tspbench.record.store import append_record

@@ -17,7 +17,7 @@ PKG = Path(tspbench.__file__).resolve().parent
 
 # Lowest first. A module may import modules of its own layer or of lower ones.
 LAYERS: list[tuple[str, ...]] = [
-    ("tspbench", "tspbench.paths", "tspbench.config", "tspbench.spawn"),
+    ("tspbench", "tspbench.paths", "tspbench.config", "tspbench.parallel", "tspbench.spawn"),
     ("tspbench.model", "tspbench.cli"),
     ("tspbench.schemes",),
     ("tspbench.measure",),

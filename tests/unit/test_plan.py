@@ -10,8 +10,9 @@ import time
 import pytest
 
 from tspbench import plan
-from tspbench.config import ParallelConfig, model_preset
+from tspbench.config import model_preset
 from tspbench.paper.tables import PAPER_MEMORY_SETTING
+from tspbench.parallel import ParallelConfig
 from tspbench.predict import planner
 from tspbench.predict.costmodel import load_hardware, memory_breakdown
 
@@ -49,9 +50,9 @@ def test_enumeration_covers_every_implemented_layout():
 
 def test_ulysses_msp_off_and_fsdp_sp_fit_somewhere(ranked64):
     names = [lay.name for lay in ranked64]
-    assert any(n.startswith("sp ") and "ulysses" in n for n in names)
-    assert any(n.startswith("tp_sp ") and "ulysses" in n for n in names)
-    assert any("no-msp" in n for n in names)
+    assert any(n.startswith("SP ") and "ulysses" in n for n in names)
+    assert any(n.startswith("TP×SP ") and "ulysses" in n for n in names)
+    assert any("no Megatron-SP" in n for n in names)
     assert {lay.par.sp_variant for lay in ranked64 if lay.par.scheme == "fsdp_sp"} == {"allgather", "ring", "ulysses"}
     assert {lay.batch for lay in ranked64} == {1, 2, 4}
 

@@ -71,7 +71,7 @@ def test_throughput_and_speedup_claims(report):
     # The speed-up's baseline layout is not stated: one row per TP×SP layout, strongest first.
     sp = claim_rows(csv, "ratio_blog")
     assert list(sp["ours"]) == pytest.approx([rf.TOK_TSP_1024 / t for t in rf.TOK_TPSP_1024])
-    assert "T=4·Σ=2" in sp.iloc[0]["basis"] and "T=2·Σ=4" in sp.iloc[1]["basis"]
+    assert "T=4×Σ=2" in sp.iloc[0]["basis"] and "T=2×Σ=4" in sp.iloc[1]["basis"]
 
 
 def test_unmatched_claim_says_not_reproduced(report):
@@ -98,7 +98,7 @@ def test_one_row_per_claim_others_folded(report):
         assert body.count(f'data-claim="{c["id"]}"') == 1
     # The speed-up's best-matching baseline is the row; the other TP×SP layout folds below it.
     row = body[body.index('data-claim="ratio_blog"') :].split("</tr>")[0]
-    assert "vs TP×SP T=4·Σ=2" in row and "<details" in row and "T=2·Σ=4" in row.split("<details")[1]
+    assert "vs TP×SP T=4×Σ=2" in row and "<details" in row and "T=2×Σ=4" in row.split("<details")[1]
     assert 'id="claims-legend"' in text and "[secondary]:" in text
 
 
@@ -122,7 +122,8 @@ def test_failed_oom_timeout_listed_with_reasons(report):
 
 def test_labels_and_cpu_caveat(report):
     text = report[1]
-    assert "SP (token sharding / CP)" in text and "TP + Megatron-SP" in text
+    # the one label per layout (tspbench.parallel) and the legend that spells out the paper's "SP"
+    assert "SP Σ=" in text and "TP+Megatron-SP T=" in text and "token sharding (context parallelism)" in text
     assert build.CPU_NOTE in text
 
 

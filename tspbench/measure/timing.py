@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from tspbench.config import ParallelConfig
+from tspbench.parallel import ParallelConfig
 
 
 def tokens_per_step(par: ParallelConfig, batch: int, seq_len: int, mode: str = "train") -> int:

@@ -15,44 +15,35 @@ from dataclasses import replace
 
 import pandas as pd
 
-from tspbench.config import ParallelConfig
 from tspbench.paper.tables import LLAMA7B, N_GPUS, PAPER_MEMORY_SETTING, SEQ_128K
+from tspbench.parallel import ALL_EXCHANGES, LayoutOptions, ParallelConfig, layouts
 from tspbench.predict.costmodel import cluster_throughput, load_hardware, memory_breakdown
 
 GPUS_PER_REPLICA = 8
 
 
-def candidates(degree: int = GPUS_PER_REPLICA) -> list[tuple[str, ParallelConfig]]:
+HEADLINE_ORDER = ("tsp", "tp", "tp_msp", "sp", "tp_sp", "fsdp_sp")
+"""The layouts compared, TSP first (the table keeps this order)."""
+HEADLINE_OPTIONS = {"sp": ALL_EXCHANGES, "tp_sp": LayoutOptions(msps=(True, False)), "fsdp_sp": ALL_EXCHANGES}
+"""Every exchange of sp and fsdp_sp; tp_sp at every factorisation with and without Megatron-SP (allgather)."""
+
+
+def candidates(degree: int = GPUS_PER_REPLICA) -> list[ParallelConfig]:
     """Every implemented layout of `degree` GPUs (the baselines as their best public implementations run them)."""
-    out = [
-        (f"TSP D={degree}", ParallelConfig(scheme="tsp", degree=degree)),
-        (f"TP T={degree}", ParallelConfig(scheme="tp", degree=degree)),
-        (f"TP+Megatron-SP T={degree}", ParallelConfig(scheme="tp_msp", degree=degree)),
-    ]
-    for variant in ("allgather", "ring", "ulysses"):
-        out.append((f"SP Σ={degree} ({variant})", ParallelConfig(scheme="sp", degree=degree, sp_variant=variant)))
-    for t in (t for t in range(2, degree) if degree % t == 0):
-        for msp in (True, False):
-            label = f"TP×SP T={t}×Σ={degree // t}" + ("" if msp else " (no Megatron-SP)")
-            out.append((label, ParallelConfig(scheme="tp_sp", degree=degree, tp=t, msp=msp)))
-    for variant in ("allgather", "ring", "ulysses"):
-        out.append(
-            (f"FSDP×SP Σ={degree} ({variant})", ParallelConfig(scheme="fsdp_sp", degree=degree, sp_variant=variant))
-        )
-    return out
+    return layouts(degree, schemes=HEADLINE_ORDER, options=HEADLINE_OPTIONS)
 
 
 def headline_table(seq_len: int = SEQ_128K, hw_name: str = "mi300x", n_gpus: int = N_GPUS) -> pd.DataFrame:
     hw = load_hardware(hw_name)
     rows = []
-    for name, par in candidates():
+    for par in candidates():
         par = replace(par, recompute=PAPER_MEMORY_SETTING.recompute)
         mem = memory_breakdown(LLAMA7B, par, seq_len, 1, mode="train", dtype="bfloat16")["total"]
         t = cluster_throughput(LLAMA7B, par, seq_len, 1, hw, n_gpus, mode="train", overlap="schedule")
         rows.append(
             {
-                "layout": name,
-                "scheme": par.scheme,
+                "layout": par.label(),
+                "is_tsp": par.spec.role == "method",  # the method against every baseline
                 "memory_gb": mem / 1e9,
                 "fits": mem <= hw.mem_bytes,
                 "tokens_per_s_per_gpu": t["tokens_per_s_per_device"],
@@ -66,8 +57,8 @@ def headline_table(seq_len: int = SEQ_128K, hw_name: str = "mi300x", n_gpus: int
 
 def headline_markdown() -> str:
     df = headline_table()
-    tsp = df[df.scheme == "tsp"].iloc[0]
-    base = df[(df.scheme != "tsp") & df.fits]
+    tsp = df[df.is_tsp].iloc[0]
+    base = df[~df.is_tsp & df.fits]
     near = base[base.tokens_per_s_per_gpu >= 0.995 * base.tokens_per_s_per_gpu.max()]  # ties: the leaner one
     best = near.loc[near.memory_gb.idxmin()]
     leanest = base.loc[base.memory_gb.idxmin()]
@@ -86,7 +77,8 @@ def headline_markdown() -> str:
         "| cluster (128 replicas) |",
         "|---|---|---|---|---|",
     ]
-    shown = {tsp.layout, best.layout, leanest.layout, f"TP T={GPUS_PER_REPLICA}"}
+    tp = ParallelConfig(scheme="tp", degree=GPUS_PER_REPLICA).label()
+    shown = {tsp.layout, best.layout, leanest.layout, tp}
     for r in df[df.layout.isin(shown)].itertuples():
         lines.append(
             f"| {r.layout} | {r.memory_gb:.1f} | {r.tokens_per_s_per_gpu:,.0f} | {r.tokens_per_s_per_replica:,.0f} | "

@@ -32,8 +32,9 @@ from dataclasses import asdict, dataclass, replace
 
 import pandas as pd
 
-from tspbench.config import ModelConfig, ParallelConfig, model_preset
+from tspbench.config import ModelConfig, model_preset
 from tspbench.paper.claims import load_claims
+from tspbench.parallel import LayoutOptions, ParallelConfig, layouts
 from tspbench.predict.costmodel import (
     cluster_throughput,
     comm_per_layer,
@@ -73,32 +74,26 @@ class MemorySetting:
 PAPER_MEMORY_SETTING = MemorySetting()
 
 
-PLAIN = " plain"
-"""Label suffix of the tp_sp ablation without Megatron-SP on T (msp=false)."""
-
-
-def layouts(degree: int = DEGREE, ablations: bool = False) -> list[tuple[str, ParallelConfig]]:
+def paper_layouts(degree: int = DEGREE, ablations: bool = False) -> list[ParallelConfig]:
     """TSP (D), TP (T), and every TP×SP factorisation T·Σ = degree (T = 1 is pure SP, T = degree is TP), TP×SP
     with Megatron-SP on its tensor axis (the default, docs/method.md#choice-tp-sp-msp). `ablations`: also TP +
-    Megatron-SP over all D (tp_msp) and the plain TP×SP (msp=false) for every 1 < T < degree."""
-    out = [
-        (f"TSP D={degree}", ParallelConfig(scheme="tsp", degree=degree)),
-        (f"TP T={degree}", ParallelConfig(scheme="tp", degree=degree)),
-    ]
-    for t in (t for t in range(1, degree + 1) if degree % t == 0):
-        out.append((f"TP×SP T={t}×Σ={degree // t}", ParallelConfig(scheme="tp_sp", degree=degree, tp=t)))
+    Megatron-SP over all D (tp_msp) and the plain TP×SP (msp=false) for every 1 < T < degree
+    (tspbench.parallel.layouts, as every enumeration)."""
+    every_t = LayoutOptions(tps=tuple(t for t in range(1, degree + 1) if degree % t == 0))
+    out = layouts(degree, schemes=("tsp", "tp", "tp_sp"), options={"tp_sp": every_t})
     if ablations:
-        out.append((f"TP+MSP T={degree}", ParallelConfig(scheme="tp_msp", degree=degree)))
-        for t in (t for t in range(2, degree) if degree % t == 0):
-            name = f"TP×SP T={t}×Σ={degree // t}{PLAIN}"
-            out.append((name, ParallelConfig(scheme="tp_sp", degree=degree, tp=t, msp=False)))
+        out += layouts(degree, schemes=("tp_msp", "tp_sp"), options={"tp_sp": LayoutOptions(msps=(False,))})
     return out
+
+
+def _is_method(par: ParallelConfig) -> bool:
+    return par.spec.role == "method"
 
 
 def _memory_rows(setting: MemorySetting, hw_name: str = "mi300x") -> pd.DataFrame:
     unit, hw = UNIT_BYTES[setting.unit], load_hardware(hw_name)
     rows = []
-    for seq_len, (name, par) in itertools.product((SEQ_16K, SEQ_128K), layouts(ablations=True)):
+    for seq_len, par in itertools.product((SEQ_16K, SEQ_128K), paper_layouts(ablations=True)):
         par = replace(par, recompute=setting.recompute)
         mem = memory_breakdown(
             LLAMA7B,
@@ -111,13 +106,18 @@ def _memory_rows(setting: MemorySetting, hw_name: str = "mi300x") -> pd.DataFram
             master_fp32=setting.master_fp32,
             grad_dtype=setting.grad_dtype,
         )
-        row = {"seq_len": seq_len, "layout": name, "scheme": par.scheme, "tp": par.tp_degree, "sp": par.sp_degree}
-        row["msp"] = par.scheme == "tp_msp" or (par.scheme == "tp_sp" and par.msp and par.tp_degree > 1)
+        row = {"seq_len": seq_len, "layout": par.label(), "scheme": par.scheme}
+        row.update(tp=par.tp_degree, sp=par.sp_degree)
+        row["msp"] = par.megatron_sp
+        row["plain"] = not par.msp  # the TP×SP ablation without Megatron-SP on T
+        row["mesh"] = par.spec.axes == "T×Σ"  # a 2-D mesh (T = 1 is pure SP, Σ = 1 is TP + Megatron-SP)
         row.update({f"{k}_{setting.unit.lower()}": v / unit for k, v in mem.items() if k != "total"})
         row["predicted"] = mem["total"] / unit
         row["fits_device"] = mem["total"] <= hw.mem_bytes
         rows.append(row)
-    return pd.DataFrame(rows)
+    df = pd.DataFrame(rows)
+    df.attrs["layouts"] = [par for _seq, par in itertools.product((SEQ_16K, SEQ_128K), paper_layouts(ablations=True))]
+    return df
 
 
 def _attach_claims(df: pd.DataFrame) -> pd.DataFrame:
@@ -127,7 +127,7 @@ def _attach_claims(df: pd.DataFrame) -> pd.DataFrame:
     for c in claims:
         if c["tp"] is None and c["scheme"] == "tp_sp":
             continue
-        mask = (df.seq_len == c["seq_len"]) & (df.layout.str.startswith("TSP" if c["scheme"] == "tsp" else "TP T="))
+        mask = (df.seq_len == c["seq_len"]) & (df.scheme == c["scheme"])
         df.loc[mask, ["claim_id", "claim"]] = [c["id"], c["value"]]
     # docs/method.md#choice-tpsp-layouts: the layouts behind 85.0 and 140.0 GB are unknown. Candidates: the layouts
     # users run, T·Σ = 8 with Σ > 1 and Megatron-SP on T (Megatron's TP + CP with --sequence-parallel), and TP +
@@ -135,8 +135,8 @@ def _attach_claims(df: pd.DataFrame) -> pd.DataFrame:
     # the summed |relative deviation| (a nearest-prediction match); the plain TP×SP ablation rows are shown
     # beside them, not matched.
     open_claims = [c for c in claims if c["tp"] is None and c["scheme"] == "tp_sp"]
-    is_plain = df.layout.str.endswith(PLAIN)
-    cand = df[(df.seq_len == SEQ_128K) & ~is_plain & (((df.scheme == "tp_sp") & (df.sp > 1)) | (df.scheme == "tp_msp"))]
+    readings = set(open_claims[0].get("readings") or [open_claims[0]["scheme"]]) if open_claims else set()
+    cand = df[(df.seq_len == SEQ_128K) & ~df.plain & df.scheme.isin(readings) & ((df.sp > 1) | ~df.mesh)]
     best = min(
         itertools.permutations(cand.index, len(open_claims)),
         key=lambda idx: sum(abs(df.predicted[i] / c["value"] - 1) for i, c in zip(idx, open_claims)),
@@ -147,7 +147,7 @@ def _attach_claims(df: pd.DataFrame) -> pd.DataFrame:
             "layout not published (docs/method.md#choice-tpsp-layouts); assigned to the closest predicted "
             "T·Σ = 8 layout. "
         )
-        plain = df.layout == f"{df.layout[i]}{PLAIN}"
+        plain = df.plain & (df.scheme == df.scheme[i]) & (df.tp == df.tp[i]) & (df.sp == df.sp[i])
         if plain.any():  # the same layout without Megatron-SP on T, against the same claim
             j = df.index[plain & (df.seq_len == SEQ_128K)][0]
             df.loc[j, "note"] = (
@@ -187,16 +187,9 @@ def _explain(row: pd.Series, df: pd.DataFrame) -> str:
             "allocated, RCCL/workspace buffers, runtime context; docs/method.md#choice-peak-memory). No shared "
             "setting produces it, and adding a constant would be fitting the paper, so the cell stays a miss. "
         )
-    par = ParallelConfig(
-        scheme=row.scheme,
-        degree=DEGREE,
-        tp=int(row.tp) if row.scheme == "tp_sp" else 0,
-        recompute=PAPER_MEMORY_SETTING.recompute,
-        msp=not str(row.layout).endswith(PLAIN),
-    )
+    par = replace(df.attrs["layouts"][int(str(row.name))], recompute=PAPER_MEMORY_SETTING.recompute)
     if (
-        row.scheme == "tp_sp"
-        and row.predicted > row.claim
+        row.predicted > row.claim
         and peak_phase(LLAMA7B, par, int(row.seq_len), PAPER_MEMORY_SETTING.batch) == "grad_sync"
     ):
         unit = UNIT_BYTES[uname]
@@ -218,8 +211,9 @@ def paper_memory_table(setting: MemorySetting = PAPER_MEMORY_SETTING, hw: str = 
     """
     df = _attach_claims(_memory_rows(setting, hw))
     df["note"] = df.note + df.apply(lambda r: _explain(r, df), axis=1)
-    df.loc[(df.scheme == "tp_sp") & (df.tp == DEGREE), "note"] += f"Σ = 1: TP + Megatron-SP, as TP+MSP T={DEGREE}. "
-    df.loc[(df.scheme == "tp_sp") & (df.tp == 1), "note"] += f"Pure SP (token sharding / CP, Σ = {DEGREE}). "
+    tp_msp = ParallelConfig(scheme="tp_msp", degree=DEGREE).label()
+    df.loc[df.mesh & (df.tp == DEGREE), "note"] += f"Σ = 1: TP + Megatron-SP, as {tp_msp}. "
+    df.loc[df.mesh & (df.tp == 1), "note"] += f"Pure SP (token sharding / CP, Σ = {DEGREE}). "
     df.attrs["setting"] = asdict(setting)
     return df
 
@@ -254,13 +248,10 @@ def paper_throughput_table(
     docs/method.md#published reconciliation b). `tsp_speedup` = TSP tokens/s ÷ the row's, to set beside 2.0× and 2.6×.
     """
     profile = load_hardware(hw)
-    cfgs = [(n, p) for n, p in layouts(degree) if not n.startswith("TP T=")]
-    cfgs.append(
-        (
-            f"TP×SP T={degree}×Σ={degree} (matched sharding)",
-            ParallelConfig(scheme="tp_sp", degree=degree * degree, tp=degree),
-        )
-    )
+    every_t = LayoutOptions(tps=tuple(t for t in range(1, degree + 1) if degree % t == 0))
+    cfgs = [(p.label(), p) for p in layouts(degree, schemes=("tsp", "tp_sp"), options={"tp_sp": every_t})]
+    matched = ParallelConfig(scheme="tp_sp", degree=degree * degree, tp=degree)
+    cfgs.append((f"{matched.label()} (matched sharding)", matched))
     claims = {c["id"]: c["value"] for c in load_claims()}
     rows = []
     for layers, overlap in itertools.product((None, 1), ("none", "schedule", "ideal")):
@@ -274,6 +265,7 @@ def paper_throughput_table(
                     "overlap": overlap,
                     "layout": name,
                     "scheme": par.scheme,
+                    "is_tsp": _is_method(par),
                     "tp": par.tp_degree,
                     "sp": par.sp_degree,
                     "gpus_per_replica": par.degree,
@@ -284,9 +276,9 @@ def paper_throughput_table(
     df["reading"] = df.layers.map(lambda n: f"full model ({n} layers)" if n == LLAMA7B.n_layers else "single layer")
     df["tokens_per_s_per_replica"] = df.tokens_per_s / df.dp_replicas
     df["tokens_per_s_per_gpu"] = df.tokens_per_s_per_device
-    tsp = df[df.scheme == "tsp"].set_index(["layers", "overlap"]).tokens_per_s
+    tsp = df[df.is_tsp].set_index(["layers", "overlap"]).tokens_per_s
     df["tsp_speedup"] = [tsp[(r.layers, r.overlap)] / r.tokens_per_s for r in df.itertuples()]
-    base = df[(df.scheme != "tsp") & (df.gpus_per_replica == degree)]
+    base = df[~df.is_tsp & (df.gpus_per_replica == degree)]
     best = base.loc[base.groupby(["layers", "overlap"]).tokens_per_s.idxmax()].set_index(["layers", "overlap"])
     df["strongest_baseline"] = [best.layout[(r.layers, r.overlap)] for r in df.itertuples()]
     df["tsp_vs_strongest"] = [
@@ -296,9 +288,7 @@ def paper_throughput_table(
     df["claim_ratio_blog"] = claims["ratio_blog"]
     df["claim_ratio_press"] = claims["ratio_press"]
     plaus = plausibility_173m(hw, n_gpus=n_gpus, seq_len=seq_len)
-    df["reading_consistent_with_173m"] = [
-        _reading_verdict(r, plaus) if r.scheme == "tsp" else "" for r in df.itertuples()
-    ]
+    df["reading_consistent_with_173m"] = [_reading_verdict(r, plaus) if r.is_tsp else "" for r in df.itertuples()]
     return df
 
 
@@ -322,15 +312,15 @@ def throughput_assumptions(
     """The assumptions that drive `paper_throughput_table`, as printable lines (profile constants, overlap,
     forward vs training), with the training-mode ratio for contrast: nothing here is fitted to the claims."""
     p = load_hardware(hw)
-    train = {}
-    for name, par in layouts(degree):
-        if name.startswith("TP T="):
-            continue
-        train[name] = cluster_throughput(LLAMA7B, replace(par, recompute="full"), seq_len, 1, p, n_gpus, mode="train")[
-            "tokens_per_s"
-        ]
-    tsp = train.pop(next(n for n in train if n.startswith("TSP")))
-    ratios = [tsp / v for v in train.values()]
+    every_t = LayoutOptions(tps=tuple(t for t in range(1, degree + 1) if degree % t == 0))
+    tsp, ratios = 0.0, []
+    for par in layouts(degree, schemes=("tsp", "tp_sp"), options={"tp_sp": every_t}):
+        tps = cluster_throughput(LLAMA7B, replace(par, recompute="full"), seq_len, 1, p, n_gpus, mode="train")
+        if _is_method(par):
+            tsp = tps["tokens_per_s"]
+        else:
+            ratios.append(tps["tokens_per_s"])
+    ratios = [tsp / v for v in ratios]
     return [
         f"assumptions ({p.name} profile, conf/hardware/{p.name}.yaml): bf16 peak {p.peak_flops_bf16 / 1e12:,.0f} "
         f"TFLOP/s × matmul efficiency {p.matmul_efficiency:g}; intra-node collectives {p.intra_node_bw / 1e9:,.0f} "

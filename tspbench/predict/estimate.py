@@ -58,7 +58,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from tspbench.config import DTYPES, MODES, ModelConfig, ParallelConfig, validate_parallel
+from tspbench.config import DTYPES, MODES, ModelConfig
+from tspbench.parallel import ParallelConfig, layout_fields, validate_parallel
 from tspbench.predict.memtrack import CATEGORIES, MemoryTracker, fsdp_events, gpu_attention
 
 GIB = float(2**30)
@@ -394,19 +395,12 @@ def estimate(
         "method": "estimated",
         "status": status,
         "reason": reason,
-        "scheme": par.scheme,
-        "sp_variant": par.sp_variant if par.scheme in ("sp", "tp_sp", "fsdp_sp") else None,
-        "msp": par.msp if par.scheme == "tp_sp" else None,
-        "degree": par.degree,
-        "tp_degree": par.tp_degree,
-        "sp_degree": par.sp_degree,
-        "dp": par.dp,
+        **layout_fields(par),
         "world_size": par.world_size,
         "seq_len": seq_len,
         "batch": batch,
         "mode": mode,
         "dtype": dtype,
-        "recompute": par.recompute,
         "model": model.name,
         "model_cfg": asdict(model),
         "hardware": hardware,

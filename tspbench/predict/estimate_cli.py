@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tspbench import cli
-from tspbench.config import ConfigError, ModelConfig, ParallelConfig
+from tspbench.config import ConfigError, ModelConfig
+from tspbench.parallel import ParallelConfig
 
 EXAMPLES = [
     "python -m tspbench.estimate                                         # llama7b, TSP D = 8, 4K tokens",
@@ -49,18 +50,6 @@ class EstimateConfig(ParallelConfig):
     allocates) | native (the CPU kernels)."""
     layers: str = "auto"
     """auto (trace 3 and 4 layers, extrapolate exactly) | all (trace every layer)."""
-
-    def parallel(self) -> ParallelConfig:
-        return ParallelConfig(
-            scheme=self.scheme,
-            degree=self.degree,
-            tp=self.tp,
-            dp=self.dp,
-            sp_variant=self.sp_variant,
-            msp=self.msp,
-            recompute=self.recompute,
-            vocab=self.vocab,
-        )
 
 
 def compose(overrides: list[str]) -> EstimateConfig:

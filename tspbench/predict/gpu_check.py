@@ -23,7 +23,8 @@ import time
 
 import torch
 
-from tspbench.config import ModelConfig, ParallelConfig, model_preset, validate_parallel
+from tspbench.config import ModelConfig, model_preset
+from tspbench.parallel import ParallelConfig, validate_parallel
 
 CASES = [("tsp", 0, 16384), ("tp", 0, 16384), ("tsp", 0, 65536), ("tp_sp", 2, 16384)]
 

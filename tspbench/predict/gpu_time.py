@@ -20,7 +20,8 @@ from pathlib import Path
 
 import torch
 
-from tspbench.config import ModelConfig, ParallelConfig
+from tspbench.config import ModelConfig
+from tspbench.parallel import ParallelConfig
 
 CALIBRATION_OPS = ("gemm", "attention_forward", "attention_backward")
 

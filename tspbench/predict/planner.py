@@ -21,7 +21,16 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
-from tspbench.config import RECOMPUTE, ConfigError, ModelConfig, ParallelConfig, validate_parallel
+from tspbench.config import ConfigError, ModelConfig
+from tspbench.parallel import (
+    ALL_EXCHANGES,
+    RECOMPUTE,
+    LayoutOptions,
+    ParallelConfig,
+    layout_fields,
+    layouts,
+    validate_parallel,
+)
 from tspbench.predict.costmodel import OVERLAPS, cluster_throughput, load_hardware, memory_breakdown
 
 BATCHES = (1, 2, 4)
@@ -49,31 +58,28 @@ class Layout:
 
     @property
     def name(self) -> str:
-        p = self.par
-        shape = f"T={p.tp}×Σ={p.degree // p.tp}" if p.scheme == "tp_sp" else f"d={p.degree}"
-        variant = f" {p.sp_variant}" if p.scheme in ("sp", "tp_sp", "fsdp_sp") else ""
-        msp = " no-msp" if p.scheme == "tp_sp" and not p.msp else ""
-        return f"{p.scheme} {shape}{variant}{msp} rc={p.recompute} B={self.batch}"
+        """The layout's label (tspbench.parallel) with its recompute and micro-batch."""
+        return f"{self.par.label()} rc={self.par.recompute} B={self.batch}"
 
 
-def group_layouts(d: int, dp: int) -> list[ParallelConfig]:
-    """Every implemented layout of a d-device group, replicated dp times (recompute left at none)."""
-    if d == 1:
-        return [ParallelConfig(scheme="single", degree=1, dp=dp)]
-    out = [ParallelConfig(scheme=s, degree=d, dp=dp) for s in ("tsp", "tp", "tp_msp")]
-    out += [ParallelConfig(scheme="sp", degree=d, dp=dp, sp_variant=v) for v in ("allgather", "ring", "ulysses")]
-    for t in (t for t in range(2, d) if d % t == 0):
-        for v in ("allgather", "ring", "ulysses"):
-            out += [ParallelConfig(scheme="tp_sp", degree=d, tp=t, dp=dp, sp_variant=v, msp=m) for m in (True, False)]
-    out += [ParallelConfig(scheme="fsdp_sp", degree=d, dp=dp, sp_variant=v) for v in ("allgather", "ring", "ulysses")]
-    return out
+PLAN_ORDER = ("single", "tsp", "tp", "tp_msp", "sp", "tp_sp", "fsdp_sp")
+"""The order layouts are enumerated in (ties in the ranking keep it): the method first, then the baselines."""
 
 
-def candidates(gpus: int, max_degree: int = MAX_DEGREE, batches: Iterable[int] = BATCHES):
-    """Every (layout, micro-batch) with group size d | gpus, d ≤ max_degree, dp = gpus / d."""
+def candidates(
+    gpus: int,
+    max_degree: int = MAX_DEGREE,
+    batches: Iterable[int] = BATCHES,
+    options: LayoutOptions = ALL_EXCHANGES,
+    schemes: Iterable[str] = PLAN_ORDER,
+) -> list[tuple[ParallelConfig, int]]:
+    """Every (layout, micro-batch) with group size d | gpus, d ≤ max_degree, dp = gpus / d: tspbench.parallel.layouts
+    over `options` (default: every K/V exchange, Megatron-SP on and off, tp_sp at every factorisation), × every
+    recompute mode × `batches`."""
     out: list[tuple[ParallelConfig, int]] = []
+    schemes = tuple(schemes)
     for d in (d for d in range(1, min(gpus, max_degree) + 1) if gpus % d == 0):
-        for p in group_layouts(d, gpus // d):
+        for p in layouts(d, dp=gpus // d, schemes=schemes, options=options):
             out += [(replace(p, recompute=rc), b) for rc in RECOMPUTE for b in batches]
     return out
 
@@ -87,15 +93,17 @@ def plan(
     max_degree: int = MAX_DEGREE,
     batches: Iterable[int] = BATCHES,
     overlap: str = "schedule",
+    options: LayoutOptions = ALL_EXCHANGES,
+    schemes: Iterable[str] = PLAN_ORDER,
 ) -> tuple[list[Layout], int]:
     """(the fitting layouts, best predicted cluster tokens/s first, ties: less memory first; how many were
-    enumerated)."""
+    enumerated). `options` and `schemes` choose the layouts enumerated (`candidates`)."""
     if overlap not in OVERLAPS:
         raise ConfigError(f"overlap={overlap!r} is unknown; allowed: {', '.join(OVERLAPS)}")
     if gpus < 1 or max_degree < 1:
         raise ConfigError(f"gpus={gpus} and max_degree={max_degree} must be ≥ 1")
     hw = load_hardware(hardware)
-    cands = candidates(gpus, max_degree, tuple(batches))
+    cands = candidates(gpus, max_degree, tuple(batches), options, schemes)
     fits: list[Layout] = []
     for par, b in cands:
         try:
@@ -165,14 +173,7 @@ def plan_records(
                 "dtype": "bfloat16",
                 "rank": i + 1,
                 "layout": lay.name,
-                "scheme": p.scheme,
-                "degree": p.degree,
-                "tp_degree": p.tp_degree,
-                "sp_degree": p.sp_degree,
-                "sp_variant": p.sp_variant if p.scheme in ("sp", "tp_sp", "fsdp_sp") else None,
-                "msp": p.msp if p.scheme == "tp_sp" else None,
-                "dp": p.dp,
-                "recompute": p.recompute,
+                **layout_fields(p),  # scheme, degree, tp/sp degrees, dp, recompute, every option
                 "batch": lay.batch,
                 "mem_bytes": lay.mem_bytes,
                 "step_s": lay.step_s,

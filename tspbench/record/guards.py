@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tspbench.config import ModelConfig, ParallelConfig
+from tspbench.config import ModelConfig
+from tspbench.parallel import ParallelConfig
 from tspbench.predict.costmodel import BYTES, comm_per_layer, flops_per_token, load_hardware, params_per_device
 
 GIB = 2**30
@@ -49,15 +50,7 @@ def _model(rec: dict[str, Any]) -> ModelConfig | None:
 
 def _parallel(rec: dict[str, Any]) -> ParallelConfig | None:
     try:
-        return ParallelConfig(
-            scheme=rec["scheme"],
-            degree=int(rec["degree"]),
-            tp=int(rec.get("tp_degree") or 0) if rec["scheme"] == "tp_sp" else 0,
-            dp=int(rec.get("dp") or 1),
-            sp_variant=rec.get("sp_variant") or "allgather",
-            recompute=rec.get("recompute") or "none",
-            vocab=rec.get("vocab") or "auto",
-        )
+        return ParallelConfig.from_record(rec)
     except (KeyError, TypeError, ValueError):
         return None
 

@@ -7,6 +7,7 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
+from tspbench.parallel import layout_fields
 from tspbench.record.spec import RunSpec
 
 STATUSES = ("ok", "oom", "failed", "timeout", "invalid", "implausible")  # implausible: record/guards.py
@@ -41,26 +42,13 @@ def current_records(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
 def base_record(spec: RunSpec, status: str, reason: str | None = None) -> dict[str, Any]:
     """The identity part of a result record (docs/records.md); the worker
     adds metrics, per-rank lists and provenance."""
-    par = spec.parallel()
-    tp_degree: int | None
-    sp_degree: int | None
-    try:
-        tp_degree, sp_degree = par.tp_degree, par.sp_degree
-    except Exception:  # noqa: BLE001 - an invalid layout still gets a record
-        tp_degree = sp_degree = None
     return {
         "run_id": spec.run_id,
         "experiment": spec.experiment,
         "method": spec.method,
         "status": status,
         "reason": reason,
-        "scheme": spec.scheme,
-        "sp_variant": spec.sp_variant if spec.scheme in ("sp", "tp_sp", "fsdp_sp") else None,
-        "msp": spec.msp if spec.scheme == "tp_sp" else None,
-        "degree": spec.degree,
-        "tp_degree": tp_degree,
-        "sp_degree": sp_degree,
-        "dp": spec.dp,
+        **layout_fields(spec),  # scheme, degree, tp/sp degrees, dp, recompute and every option (None: not taken)
         "world_size": spec.world_size,
         "nodes": spec.nodes,
         "model": spec.model.get("name"),
@@ -69,8 +57,6 @@ def base_record(spec: RunSpec, status: str, reason: str | None = None) -> dict[s
         "batch": spec.batch,
         "mode": spec.mode,
         "dtype": spec.dtype,
-        "recompute": spec.recompute,
-        "vocab": spec.vocab,
         "device": spec.device,
         "device_name": None,
         "hardware": spec.hardware,

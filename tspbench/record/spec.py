@@ -10,53 +10,68 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import Any, ClassVar
 
-from tspbench.config import ModelConfig, ParallelConfig
+from tspbench.config import ModelConfig
+from tspbench.parallel import ParallelConfig, takes
 
 METHOD_OF = {"measure": "measured", "estimate": "estimated", "model": "modelled"}
 
 
-@dataclass
-class RunSpec:
-    """One grid point, frozen: what the worker reads (as JSON) and what the record repeats."""
+@dataclass(kw_only=True)
+class RunSpec(ParallelConfig):
+    """One grid point, frozen: what the worker reads (as JSON) and what the record repeats. The layout fields
+    (scheme, degree, tp, dp, sp_variant, kv_bucket_heads, recompute, msp, vocab) are ParallelConfig's, inherited,
+    so every layout option reaches the worker and the record; `parallel()` takes them back out."""
 
     experiment: str
-    scheme: str
-    degree: int
-    tp: int
-    dp: int
-    sp_variant: str
-    recompute: str
+    """The experiment's name (the record's `experiment`)."""
     seq_len: int
+    """Tokens per sequence S."""
     batch: int
+    """Micro-batch B per replica."""
     mode: str
+    """train | forward | decode (tspbench.config.MODES)."""
     dtype: str
+    """Parameter/compute dtype (tspbench.config.DTYPES)."""
     device: str
+    """cpu (gloo) | cuda (nccl)."""
     execution: str
+    """What was asked: auto | measure | estimate | model (tspbench/run/grid.py EXECUTIONS)."""
     hardware: str | None
+    """Hardware profile of estimated / modelled numbers (conf/hardware/), or None."""
     model: dict[str, Any]
+    """ModelConfig fields."""
     seed: int = 0
+    """Seed for the weights and the synthetic batch."""
     warmup_steps: int = 2
+    """Untimed steps before the measured window."""
     measured_steps: int = 5
+    """Steps in the measured window."""
     lr: float = 1e-4
+    """AdamW learning rate."""
     memory_breakdown: bool = True
+    """One extra untimed step under MemTracker for the category breakdown."""
     power_sample_s: float = 0.1
+    """Power-timeline sampling period."""
     timeout_s: float = 600.0
+    """Wall-clock limit of the run's rank group."""
     nodes: int = 1
+    """Nodes the run spans (the worker sets it from the torchrun environment)."""
     fault: dict[str, Any] = field(default_factory=lambda: {"kind": "none", "rank": 0})
+    """Fault injection: {kind, rank} (tests of the runner's failure handling)."""
     run_id: str = ""
+    """`make_run_id` unless given."""
     results_file: str = ""
+    """JSONL file rank 0 appends the record to."""
     status_dir: str = ""
-    vocab: str = "auto"
-    msp: bool = True
-    """tp_sp: Megatron-SP on the tensor axis (ParallelConfig.msp); false is the plain ablation."""
+    """Where each rank leaves its status file when it fails."""
     state_file: str = ""
     """If set, rank 0 saves the trained parameters (full shape) there after the run (tests compare them with
     the single-device model); not part of the workload, so not of the run_id."""
 
     # Fields that define the workload, hence the run_id. Paths, time limits and faults do not.
-    IDENTITY = (
+    IDENTITY: ClassVar[tuple[str, ...]] = (
         "scheme",
         "degree",
         "tp",
@@ -81,35 +96,20 @@ class RunSpec:
         if not self.run_id:
             self.run_id = make_run_id(self)
 
-    def parallel(self) -> ParallelConfig:
-        return ParallelConfig(
-            scheme=self.scheme,
-            degree=self.degree,
-            tp=self.tp,
-            dp=self.dp,
-            sp_variant=self.sp_variant,
-            msp=self.msp,
-            recompute=self.recompute,
-            vocab=self.vocab,
-        )
-
     def model_config(self) -> ModelConfig:
         return ModelConfig(**self.model)
-
-    @property
-    def world_size(self) -> int:
-        return self.dp * self.degree
 
     @property
     def method(self) -> str:
         return METHOD_OF.get(self.execution, "measured")
 
-    def label(self) -> str:
-        extra = f" T={self.parallel().tp_degree}" if self.scheme == "tp_sp" else ""
-        extra += f" {self.sp_variant}" if self.scheme in ("sp", "tp_sp", "fsdp_sp") else ""
-        extra += " plain" if self.scheme == "tp_sp" and not self.msp else ""
-        extra += f" vocab={self.vocab}" if self.vocab != "auto" else ""
-        return f"{self.scheme} d{self.degree}{extra} S={self.seq_len} B={self.batch} {self.mode}"
+    def run_label(self) -> str:
+        """The layout's label and the run's shape, e.g. "TSP D=8 S=131072 B=1 train" (progress lines, logs)."""
+        try:
+            layout = self.parallel().label()
+        except ValueError:  # an unknown scheme still gets a line (it is recorded `invalid`)
+            layout = f"{self.scheme} d{self.degree}"
+        return f"{layout} S={self.seq_len} B={self.batch} {self.mode}"
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1, sort_keys=True)
@@ -125,7 +125,9 @@ def make_run_id(spec: RunSpec) -> str:
     ident = {k: getattr(spec, k) for k in RunSpec.IDENTITY}
     if spec.vocab != "auto":  # the default keeps the run ids of records written before the option
         ident["vocab"] = spec.vocab
-    if spec.scheme == "tp_sp":  # Megatron-SP on T became the default: never share an id with a plain run
+    if spec.kv_bucket_heads:  # likewise
+        ident["kv_bucket_heads"] = spec.kv_bucket_heads
+    if takes(spec.scheme, "msp"):  # Megatron-SP on T became the default: never share an id with a plain run
         ident["msp"] = spec.msp
     digest = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:10]
     return f"{spec.scheme}-d{spec.degree}-s{spec.seq_len}-b{spec.batch}-{spec.mode}-{digest}"

@@ -7,9 +7,8 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
+from tspbench.parallel import SCHEMES, ParallelConfig
 from tspbench.record.schema import STATUSES, current_records
-
-SCHEME_ORDER = ("single", "tp", "tp_msp", "sp", "tp_sp", "fsdp_sp", "tsp")
 
 
 def latest_by_run_id(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -26,15 +25,15 @@ def summary_table(records: Iterable[dict[str, Any]]) -> str:
         latest_by_run_id(records),
         key=lambda r: (
             r.get("seq_len") or 0,
-            SCHEME_ORDER.index(r["scheme"]) if r.get("scheme") in SCHEME_ORDER else 99,
+            _order(r),
             r.get("degree") or 0,
             r.get("batch") or 0,
             str(r.get("mode")),
-            str(r.get("sp_variant")),
+            _label(r),
         ),
     )
     head = (
-        f"{'scheme':<8} {'variant':<10} {'deg':>3} {'T×Σ':>5} {'dp':>3} {'S':>7} {'B':>3} {'mode':<7} {'status':<8} "
+        f"{'layout':<{LABEL_WIDTH}} {'dp':>3} {'S':>7} {'B':>3} {'mode':<7} {'status':<8} "
         f"{'method':<9} {'tok/s/dev':>11} {'step ms':>9} {'peak GB':>10} {'J/token':>9} {'MFU%':>6}"
     )
     lines = [head, "-" * len(head)]
@@ -54,9 +53,8 @@ def summary_table(records: Iterable[dict[str, Any]]) -> str:
                 star, offline = "", True
         cpu = cpu or bool(r.get("cpu_note"))
         peak = peak * GIB_TO_GB if isinstance(peak, (int, float)) else peak
-        txs = _layout(r)
         lines.append(
-            f"{r.get('scheme', '?'):<8} {_variant(r):<10} {r.get('degree', 0):>3} {txs:>5} {r.get('dp', 1):>3} "
+            f"{_label(r):<{LABEL_WIDTH}} {r.get('dp', 1):>3} "
             f"{r.get('seq_len', 0):>7} {r.get('batch', 0):>3} {r.get('mode')!s:<7} {r['status']:<8} "
             f"{r.get('method') or 'measured':<9} {fmt(m.get('tokens_per_s_per_device'), ',.0f'):>11} "
             f"{fmt(m.get('step_time_ms_p50'), '.1f'):>9} "
@@ -103,18 +101,20 @@ def clean_reason(reason: Any) -> str:
     return GLOO_PATH.sub("", str(reason or "")).strip()
 
 
-def _layout(r: dict) -> str:
-    """The T×Σ column: TSP's single axis is its degree D (not "8×8"); other schemes their T×Σ."""
-    if r.get("scheme") == "tsp":
-        return f"D={r.get('degree') or '-'}"
-    return f"{r.get('tp_degree') or '-'}×{r.get('sp_degree') or '-'}"
+LABEL_WIDTH = 44
+"""Column width of the layout label ("TP×SP T=2×Σ=4 (allgather, no Megatron-SP)" fits)."""
 
 
-def _variant(r: dict) -> str:
-    """The summary's variant column: the K/V exchange of sp / tp_sp, or a non-default embedding / head."""
-    if r.get("vocab") not in (None, "auto"):
-        return {"ring": "vocab ring", "replicated": "vocab rep"}.get(r["vocab"], str(r["vocab"]))
-    return r.get("sp_variant") or ""
+def _label(r: dict) -> str:
+    """The layout's one label (tspbench.parallel), e.g. "TSP D=8", "TP×SP T=2×Σ=4 (ring, no Megatron-SP)"."""
+    try:
+        return ParallelConfig.from_record(r).label()
+    except (KeyError, TypeError, ValueError):
+        return f"{r.get('scheme', '?')} d{r.get('degree', '?')}"
+
+
+def _order(r: dict) -> int:
+    return SCHEMES.index(r["scheme"]) if r.get("scheme") in SCHEMES else len(SCHEMES)
 
 
 def breakdown_table(records: Iterable[dict[str, Any]]) -> str:
@@ -128,13 +128,14 @@ def breakdown_table(records: Iterable[dict[str, Any]]) -> str:
     recs.sort(
         key=lambda r: (
             r.get("seq_len") or 0,
-            SCHEME_ORDER.index(r["scheme"]) if r.get("scheme") in SCHEME_ORDER else 99,
+            _order(r),
             r.get("tp_degree") or 0,
+            _label(r),
             r.get("method"),
         )
     )
     head = (
-        f"{'scheme':<7} {'T×Σ':>5} {'S':>7} {'method':<9} {'hw':<7} "
+        f"{'layout':<{LABEL_WIDTH}} {'S':>7} {'method':<9} {'hw':<7} "
         + " ".join(f"{c[:6]:>6}" for c in cats)
         + f" {'total':>7} {'pred tok/s/dev':>14} {'comm GB/layer':>13}"
     )
@@ -149,7 +150,7 @@ def breakdown_table(records: Iterable[dict[str, Any]]) -> str:
         comm = (m.get("comm_bytes_per_layer_fwd") or 0) + (m.get("comm_bytes_per_layer_bwd") or 0)
         tps = m.get("predicted_tokens_per_s_per_device")
         lines.append(
-            f"{r['scheme']:<7} {_layout(r):>5} {r.get('seq_len', 0):>7} "
+            f"{_label(r):<{LABEL_WIDTH}} {r.get('seq_len', 0):>7} "
             f"{r['method']:<9} {r.get('hardware') or '-'!s:<7} "
             + " ".join(f"{f(gb(m.get(f'mem_{c}_gib')), '6.2f'):>6}" for c in cats)
             + f" {f(gb(m.get('mem_total_gib')), '7.2f'):>7} {f(tps, ',.0f'):>14} "

@@ -20,6 +20,7 @@ from pathlib import Path
 import pandas as pd
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
+from tspbench.parallel import SCHEME_REGISTRY
 from tspbench.paths import reports_dir, templates_dir
 from tspbench.record.tables import clean_reason
 from tspbench.report.claims import LABELS_LEGEND, claims_table, grouped_claims, load_claim_list, verdict
@@ -196,6 +197,7 @@ def build_report(
         groups=grouped_claims(crow),
         verdict=verdict(grouped_claims(crow), claims_source),
         labels_legend=LABELS_LEGEND.format(pct=WITHIN_PCT),
+        schemes=list(SCHEME_REGISTRY.values()),
         within_pct=WITHIN_PCT,
         any_cpu=bool(not df.empty and df["is_cpu"].any()),
         cpu_note=CPU_NOTE,

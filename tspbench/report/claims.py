@@ -9,15 +9,16 @@ from typing import Any
 import pandas as pd
 
 from tspbench.paper.claims import producing_command
+from tspbench.parallel import ParallelConfig, scheme
 from tspbench.report.frame import (
     GIB_TO_GB,
     METHOD_ORDER,
     NOT_REPRODUCED,
     WITHIN_PCT,
     fmt_seq,
+    layout_key,
     num,
     records,
-    scheme_label,
 )
 
 # ---------------------------------------------------------------- claims --------------------------
@@ -39,26 +40,25 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def _layout(r: dict) -> tuple[Any, Any]:
-    """(T, Σ) of a record, filling the ones its scheme implies when the record leaves them out."""
-    d = r.get("degree")
-    implied = {"single": (1, 1), "tp": (d, 1), "tp_msp": (d, 1), "sp": (1, d)}.get(str(r.get("scheme")), (None, None))
-    return (
-        r.get("tp_degree") if r.get("tp_degree") is not None else implied[0],
-        r.get("sp_degree") if r.get("sp_degree") is not None else implied[1],
-    )
+    """(T, Σ) of a record, filling the ones its layout implies when the record leaves them out."""
+    tp, sp = r.get("tp_degree"), r.get("sp_degree")
+    if tp is None or sp is None:
+        try:
+            par = ParallelConfig.from_record(r)
+            tp, sp = (par.tp_degree if tp is None else tp), (par.sp_degree if sp is None else sp)
+        except (KeyError, TypeError, ValueError):
+            pass
+    return tp, sp
 
 
-def _matches(claim: dict, r: dict, scheme: str | None) -> bool:
-    """Does a record answer a claim? Same scheme and sequence length, plus the layout, GPU count,
-    model and mode wherever the claim states one."""
+def _matches(claim: dict, r: dict) -> bool:
+    """Does a record answer a claim? A scheme the claim names (or, for a layout the paper does not publish, one of
+    its `readings`, conf/claims.yaml) and the same sequence length, plus the layout, GPU count, model and mode
+    wherever the claim states one."""
+    if r.get("scheme") not in (claim.get("readings") or [claim.get("scheme")]):
+        return False
     tp, sp = _layout(r)
-    have_scheme = r.get("scheme")
-    if (
-        scheme == "tp_sp" and have_scheme == "sp"
-    ):  # pure SP is the T = 1 × Σ factorisation (docs/method.md#choice-tpsp-layouts: report all)
-        have_scheme = "tp_sp"
     checks = [
-        (scheme, have_scheme),
         (claim.get("seq_len"), r.get("seq_len")),
         (claim.get("degree"), r.get("degree")),
         (claim.get("tp"), tp),
@@ -72,12 +72,12 @@ def _matches(claim: dict, r: dict, scheme: str | None) -> bool:
 
 
 def _latest_per_group(rows: list[dict]) -> list[dict]:
-    """One record per (method, hardware, model, layout, batch, mode): the last one written."""
+    """One record per (method, hardware, model, full layout, batch, mode): the last one written. The full layout
+    (tspbench.parallel.ParallelConfig.key: exchange, Megatron-SP, vocabulary, K/V buckets, recompute, dp too), so
+    two variants of one T × Σ never collapse into whichever was written last."""
     last: dict[tuple, dict] = {}
     for r in rows:
-        last[
-            tuple(str(r.get(k)) for k in ("method", "hw", "model", "degree", "tp_degree", "sp_degree", "batch", "mode"))
-        ] = r
+        last[(*(str(r.get(k)) for k in ("method", "hw", "model", "batch", "mode")), *layout_key(r))] = r
     order = {m: i for i, m in enumerate(METHOD_ORDER)}
     return sorted(last.values(), key=lambda r: (order.get(r["method"], 9), r["label"]))
 
@@ -120,13 +120,21 @@ def describe_claim(c: dict) -> str:
         "tokens/s": "throughput",
         "x": "speed-up",
     }.get(str(c.get("unit")), "")
-    what = scheme_label(
-        {"scheme": c.get("scheme"), "degree": c.get("degree"), "tp_degree": c.get("tp"), "sp_degree": c.get("sp")}
-    )
+    what = _claim_layout(c)
     n_gpus = num(c.get("n_gpus"))
     gpus = f", {int(n_gpus)} GPUs" if n_gpus else ""
     hw = f" ({c['hardware']})" if c.get("hardware") else ""
     return f"{what} {kind}, S={fmt_seq(c.get('seq_len'))}{gpus}{hw}"
+
+
+def _claim_layout(c: dict) -> str:
+    """A claim's layout in the labels' notation, e.g. "TSP D=8", "TP×SP T·Σ=8" (T and Σ unpublished)."""
+    try:
+        s = scheme(str(c.get("scheme")))
+    except ValueError:
+        return str(c.get("scheme") or "?")
+    d = num(c.get("degree"))
+    return " ".join(p for p in (s.title, s.shape(int(d) if d else None, c.get("tp"), c.get("sp"))) if p)
 
 
 def claims_table(claims: list[dict], df: pd.DataFrame) -> list[dict]:
@@ -149,7 +157,7 @@ def claims_table(claims: list[dict], df: pd.DataFrame) -> list[dict]:
             "claim_note": " · ".join(str(c[k]) for k in ("note", "source") if c.get(k)),
             "command": producing_command(c),
         }
-        matches = [r for r in rows if _matches(c, r, c.get("scheme"))]
+        matches = [r for r in rows if _matches(c, r)]
         found = False
         for r in _latest_per_group([r for r in matches if r["status"] == "ok"]):
             # The paper's model has h = 4096 (docs/method.md#published); a smaller model's number is shown but

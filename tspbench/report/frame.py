@@ -12,6 +12,7 @@ from typing import Any
 
 import pandas as pd
 
+from tspbench.parallel import SCHEMES, ParallelConfig
 from tspbench.record.schema import supersedes
 from tspbench.record.store import read_records
 
@@ -20,17 +21,6 @@ WITHIN_PCT = 10.0
 CPU_NOTE = "CPU (gloo): checks the machinery, not GPU performance"
 NOT_REPRODUCED = "not reproduced by these results"
 
-SCHEME_ORDER = ("single", "tp", "tp_msp", "sp", "tp_sp", "fsdp_sp", "tsp")
-# "SP" is spelled out everywhere: the paper's SP is token sharding (= CP), not Megatron-SP (docs/method.md#naming).
-SCHEME_NAMES = {
-    "single": "single device",
-    "tp": "TP",
-    "tp_msp": "TP + Megatron-SP",
-    "sp": "SP (token sharding / CP)",
-    "tp_sp": "TP×SP",
-    "tsp": "TSP",
-    "fsdp_sp": "FSDP×SP",
-}
 METHOD_ORDER = ("measured", "estimated", "modelled")
 # Device memory in GB (vendor figures) for the capacity line; a record's device_capacity_gib wins.
 CAPACITY_GB = {"mi300x": 192.0, "h200": 141.0, "h100": 80.0}
@@ -101,24 +91,20 @@ def dedupe(records: Iterable[dict]) -> list[dict]:
 
 
 def scheme_label(row: dict) -> str:
-    """Scheme plus its layout, e.g. "TSP D=8", "TP×SP T=4·Σ=2" (paper notation, docs/method.md#notation)."""
-    s, d = row.get("scheme"), num(row.get("degree"))
-    name = SCHEME_NAMES.get(str(s), str(s or "?"))
-    di = "" if d is None else str(int(d))
-    if s in ("tp", "tp_msp"):
-        lay = f"T={di}"
-    elif s == "sp":
-        lay = f"Σ={di}" + (f" {row['sp_variant']}" if row.get("sp_variant") in ("ring", "ulysses") else "")
-    elif s == "tp_sp":
-        t, sp = num(row.get("tp_degree")), num(row.get("sp_degree"))
-        lay = f"T={int(t)}·Σ={int(sp)}" if t and sp else f"T·Σ={di}"
-    elif s == "tsp":
-        lay = f"D={di}"
-    else:
-        lay = ""
-    if row.get("vocab") not in (None, "auto"):  # the embedding / LM-head option (ParallelConfig.vocab)
-        lay += f" vocab {row['vocab']}"
-    return f"{name} {lay}".strip() if di or s == "tp_sp" else name
+    """The layout's one label (tspbench.parallel: "TSP D=8", "TP×SP T=2×Σ=4 (ring, no Megatron-SP)"); a record
+    naming no known layout keeps its scheme name."""
+    try:
+        return ParallelConfig.from_record(row).label()
+    except (KeyError, TypeError, ValueError):
+        return str(row.get("scheme") or "?")
+
+
+def layout_key(row: dict) -> tuple:
+    """The record's full layout (every field of ParallelConfig.key()), to group and compare records by."""
+    try:
+        return ParallelConfig.from_record(row).key()
+    except (KeyError, TypeError, ValueError):
+        return tuple(str(row.get(k)) for k in ("scheme", "degree", "tp_degree", "sp_degree", "sp_variant", "msp"))
 
 
 def hardware_label(row: dict) -> str:
@@ -247,7 +233,7 @@ def load_frame(paths: Iterable[str | Path]) -> tuple[pd.DataFrame, int]:
         # Sort on clean keys: records from other runs may carry strings where numbers are expected.
         keys = pd.DataFrame(
             {
-                "scheme": df["scheme"].map({s: i for i, s in enumerate(SCHEME_ORDER)}).fillna(99),
+                "scheme": df["scheme"].map({s: i for i, s in enumerate(SCHEMES)}).fillna(99),
                 **{c: pd.to_numeric(df[c], errors="coerce") for c in ("degree", "tp_degree")},
                 **{c: df[c].astype(str) for c in ("model", "ctx", "method")},
                 "seq_len": pd.to_numeric(df["seq_len"], errors="coerce"),

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tspbench.config import ConfigError, validate_parallel
+from tspbench.config import ConfigError
+from tspbench.parallel import takes, validate_parallel
 from tspbench.record.spec import RunSpec
 from tspbench.run.grid import ExperimentConfig, axes, expand_grid, options_of, schemes_of
 from tspbench.run.launch import choose_execution
@@ -33,8 +34,9 @@ def precheck(cfg: ExperimentConfig) -> list[RunSpec]:
                 raise ConfigError(f"{key}={v if single is not None else values}: every {name} must be ≥ 1")
     if cfg.dp < 1:
         raise ConfigError(f"dp={cfg.dp} must be ≥ 1 (data-parallel replicas; world size = dp × degree)")
-    if "tp_sp" in schemes_of(cfg):
-        _check_tps(cfg, [d for d in degrees if d > 1])
+    for name in schemes_of(cfg):
+        if takes(name, "tp"):  # a 2-D mesh's tensor degree T
+            _check_tps(cfg, name, [d for d in degrees if d > 1])
     if cfg.resume_dir is not None and not Path(cfg.resume_dir).is_dir():
         raise ConfigError(
             f"resume_dir={cfg.resume_dir} does not exist; allowed: the directory of an earlier run "
@@ -48,12 +50,12 @@ def precheck(cfg: ExperimentConfig) -> list[RunSpec]:
     return specs
 
 
-def _check_tps(cfg: ExperimentConfig, degrees: list[int]) -> None:
-    """Every tensor degree T of tp_sp must be a proper divisor (1 < T < degree) of some degree of the grid
-    (0 = auto always fits). A degree that none of them divides runs T = auto (documented on
+def _check_tps(cfg: ExperimentConfig, name: str, degrees: list[int]) -> None:
+    """Every tensor degree T of a 2-D mesh (tp_sp) must be a proper divisor (1 < T < degree) of some degree of the
+    grid (0 = auto always fits). A degree that none of them divides runs T = auto (documented on
     SchemeOptions.tps; +exp=paper_throughput relies on it at degree 2)."""
-    tps = options_of(cfg, "tp_sp").tps
-    key = f"tp={cfg.tp}" if cfg.tp is not None else f"scheme_opts.tp_sp.tps={_list(tps)}"
+    tps = options_of(cfg, name).tps
+    key = f"tp={cfg.tp}" if cfg.tp is not None else f"scheme_opts.{name}.tps={_list(tps)}"
 
     def fits(t: int, d: int) -> bool:
         return t == 0 or (1 < t < d and d % t == 0)

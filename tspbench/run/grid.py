@@ -17,22 +17,12 @@ multirun sweeps (`-m seq_len=64,128`). The scheme axis is `schemes=[tp,tsp]` (sw
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from tspbench.cli import hardware_name
-from tspbench.config import (
-    DTYPES,
-    MODES,
-    RECOMPUTE,
-    SCHEMES,
-    SP_VARIANTS,
-    VOCAB,
-    ConfigError,
-    ModelConfig,
-    ParallelConfig,
-)
+from tspbench.config import DTYPES, MODES, ConfigError, ModelConfig
+from tspbench.parallel import RECOMPUTE, SCHEMES, SP_VARIANTS, VOCAB, LayoutOptions, layouts, scheme, takers, takes
 from tspbench.record.spec import RunSpec
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -61,8 +51,8 @@ class SchemeOptions:
     """Per-scheme defaults (conf/scheme_opts/<name>.yaml, merged into `scheme_opts.<name>`)."""
 
     sp_variants: list[str] = field(default_factory=lambda: ["allgather"])
-    """sp and tp_sp: K/V exchange variants to run (allgather | ring | ulysses, docs/method.md#ulysses); ignored by
-    the other schemes."""
+    """Schemes with a K/V exchange (sp, tp_sp, fsdp_sp): the exchanges to run (allgather | ring | ulysses,
+    docs/method.md#ulysses); ignored by the other schemes."""
     vocabs: list[str] = field(default_factory=lambda: ["auto"])
     """Embedding / LM-head layouts to run (ParallelConfig.vocab: auto | replicated | ring, ring for tsp only),
     e.g. `scheme_opts.tsp.vocabs=[auto,ring]` or `scheme_opts.tp.vocabs=[auto,replicated]`."""
@@ -72,8 +62,9 @@ class SchemeOptions:
     msps: list[bool] = field(default_factory=lambda: [True])
     """tp_sp: Megatron-SP on the tensor axis (true, the default) and/or the plain TP × SP ablation (false), e.g.
     `scheme_opts.tp_sp.msps=[true,false]`; ignored by the other schemes (ParallelConfig.msp)."""
-    label: str = ""
-    """Display name for summaries and reports."""
+    kv_bucket_heads: list[int] = field(default_factory=lambda: [0])
+    """tsp: KV heads per K/V all-gather to run (ParallelConfig.kv_bucket_heads; 0: one all-gather per owner), e.g.
+    `scheme_opts.tsp.kv_bucket_heads=[0,1]`; ignored by the other schemes."""
 
 
 @dataclass
@@ -107,11 +98,13 @@ class ExperimentConfig:
     scheme: str | None = None
     """If set, replaces `schemes` (the spelling `python -m tspbench.verify` uses)."""
     sp_variant: str | None = None
-    """If set, replaces `scheme_opts.sp.sp_variants` and `scheme_opts.tp_sp.sp_variants` (allgather | ring)."""
+    """If set, replaces the `sp_variants` of every scheme with a K/V exchange (allgather | ring | ulysses)."""
     vocab: str | None = None
     """If set, replaces every scheme's `scheme_opts.<name>.vocabs` (auto | replicated | ring, ring for tsp only)."""
     tp: int | None = None
     """If set, replaces `scheme_opts.tp_sp.tps` (tp_sp's tensor degree T; 0 = auto); tp_sp only."""
+    kv_bucket_heads: int | None = None
+    """If set, replaces `scheme_opts.tsp.kv_bucket_heads` (KV heads per K/V all-gather; 0: one per owner); tsp only."""
     dp: int = 1
     """Data-parallel replicas per run; world size = dp × degree."""
     recompute: str = "none"
@@ -179,13 +172,18 @@ def validate_experiment(cfg: ExperimentConfig) -> None:
         _one_of("sp_variant", cfg.sp_variant, SP_VARIANTS)
     if cfg.vocab is not None:
         _one_of("vocab", cfg.vocab, VOCAB)
-        if cfg.vocab == "ring" and any(s != "tsp" for s in schemes_of(cfg)):
+        others = [s for s in schemes_of(cfg) if cfg.vocab not in scheme(s).vocabs]
+        if others:
+            allowed = takers("vocab", cfg.vocab)
             raise ConfigError(
-                "vocab=ring is a TSP option; use scheme=tsp vocab=ring, or scheme_opts.tsp.vocabs=[ring] "
-                "for tsp inside a grid of several schemes"
+                f"vocab={cfg.vocab} is a {'|'.join(allowed)} option; use scheme={allowed[0]} vocab={cfg.vocab}, or "
+                f"scheme_opts.{allowed[0]}.vocabs=[{cfg.vocab}] for it inside a grid of several schemes"
             )
-    if cfg.tp is not None and "tp_sp" not in schemes_of(cfg):
-        raise ConfigError(f"tp={cfg.tp} sets tp_sp's tensor degree; add tp_sp to the schemes (scheme=tp_sp)")
+    for key in ("tp", "kv_bucket_heads"):  # a singular key of one scheme's option: that scheme must be in the grid
+        if getattr(cfg, key) is not None and not any(takes(s, key) for s in schemes_of(cfg)):
+            name = takers(key)[0]
+            value = getattr(cfg, key)
+            raise ConfigError(f"{key}={value} is a {name} option; add {name} to the schemes (scheme={name})")
     for name in cfg.scheme_opts:
         _one_of("scheme_opts key", name, SCHEMES)
     for m in [cfg.mode] if cfg.mode else cfg.modes:
@@ -209,11 +207,10 @@ def validate_experiment(cfg: ExperimentConfig) -> None:
             _one_of(f"scheme_opts.{name}.sp_variants", v, SP_VARIANTS)
         for v in opts.vocabs:
             _one_of(f"scheme_opts.{name}.vocabs", v, VOCAB)
-            if v == "ring" and name != "tsp":
-                raise ConfigError(
-                    f"scheme_opts.{name}.vocabs=ring: the vocabulary ring is a TSP option; "
-                    f"allowed for {name}: auto, replicated"
-                )
+            _one_of(f"scheme_opts.{name}.vocabs", v, scheme(name).vocabs)
+        for k in opts.kv_bucket_heads:
+            if k < 0:
+                raise ConfigError(f"scheme_opts.{name}.kv_bucket_heads={k} must be ≥ 0 (0: one all-gather per owner)")
     if cfg.warmup_steps < 0 or cfg.measured_steps < 1:
         raise ConfigError(f"warmup_steps={cfg.warmup_steps} must be ≥ 0 and measured_steps={cfg.measured_steps} ≥ 1")
     if cfg.timeout_s <= 0:
@@ -244,49 +241,38 @@ def expand_grid(cfg: ExperimentConfig, results_file: str = "", status_dir: str =
     out: list[RunSpec] = []
     seen: set[str] = set()
     for seq_len in seq_lens:
-        for scheme in schemes_of(cfg):
-            opts = options_of(cfg, scheme)
-            variants = list(opts.sp_variants) if scheme in ("sp", "tp_sp", "fsdp_sp") else ["allgather"]
-            for degree in [1] if scheme == "single" else degrees:
-                tps = _tps_for(scheme, degree, opts)
-                for tp in tps:
-                    msps = list(opts.msps) if scheme == "tp_sp" else [True]
-                    for variant, vocab, msp in itertools.product(variants, opts.vocabs, msps):
-                        for batch in batches:
-                            for mode in modes:
-                                spec = RunSpec(
-                                    experiment=cfg.exp_name,
-                                    scheme=scheme,
-                                    degree=degree,
-                                    tp=tp,
-                                    dp=cfg.dp,
-                                    sp_variant=variant,
-                                    msp=msp,
-                                    recompute=cfg.recompute,
-                                    seq_len=seq_len,
-                                    batch=batch,
-                                    mode=mode,
-                                    dtype=cfg.dtype,
-                                    device=device,
-                                    execution=cfg.execution,
-                                    hardware=hardware_name(cfg.hardware),
-                                    model=model,
-                                    seed=cfg.seed,
-                                    warmup_steps=cfg.warmup_steps,
-                                    measured_steps=cfg.measured_steps,
-                                    lr=cfg.lr,
-                                    memory_breakdown=cfg.memory_breakdown,
-                                    power_sample_s=cfg.power_sample_s,
-                                    timeout_s=cfg.timeout_s,
-                                    nodes=cfg.nodes,
-                                    fault=_fault_for(cfg.faults, scheme, seq_len, cfg.dp * degree),
-                                    results_file=results_file,
-                                    status_dir=status_dir,
-                                    vocab=vocab,
-                                )
-                                if spec.run_id not in seen:
-                                    seen.add(spec.run_id)
-                                    out.append(spec)
+        for name in schemes_of(cfg):
+            for degree in [1] if scheme(name).single_device else degrees:
+                opts = layout_options(cfg, name, degree)
+                for par in layouts(degree, dp=cfg.dp, schemes=[name], options=opts, recompute=cfg.recompute):
+                    for batch in batches:
+                        for mode in modes:
+                            spec = RunSpec(
+                                **asdict(par),
+                                experiment=cfg.exp_name,
+                                seq_len=seq_len,
+                                batch=batch,
+                                mode=mode,
+                                dtype=cfg.dtype,
+                                device=device,
+                                execution=cfg.execution,
+                                hardware=hardware_name(cfg.hardware),
+                                model=model,
+                                seed=cfg.seed,
+                                warmup_steps=cfg.warmup_steps,
+                                measured_steps=cfg.measured_steps,
+                                lr=cfg.lr,
+                                memory_breakdown=cfg.memory_breakdown,
+                                power_sample_s=cfg.power_sample_s,
+                                timeout_s=cfg.timeout_s,
+                                nodes=cfg.nodes,
+                                fault=_fault_for(cfg.faults, name, seq_len, cfg.dp * par.degree),
+                                results_file=results_file,
+                                status_dir=status_dir,
+                            )
+                            if spec.run_id not in seen:
+                                seen.add(spec.run_id)
+                                out.append(spec)
     return out
 
 
@@ -306,26 +292,31 @@ def schemes_of(cfg: ExperimentConfig) -> list[str]:
 
 
 def options_of(cfg: ExperimentConfig, scheme: str) -> SchemeOptions:
-    """A scheme's options with the singular keys (`sp_variant=`, `vocab=`, `tp=`) applied."""
+    """A scheme's options with the singular keys (`sp_variant=`, `vocab=`, `tp=`, `kv_bucket_heads=`) applied."""
     opts = cfg.scheme_opts.get(scheme) or SchemeOptions()
     return SchemeOptions(
         sp_variants=[cfg.sp_variant] if cfg.sp_variant is not None else list(opts.sp_variants),
         vocabs=[cfg.vocab] if cfg.vocab is not None else list(opts.vocabs),
-        tps=[cfg.tp] if cfg.tp is not None and scheme == "tp_sp" else list(opts.tps),
+        tps=[cfg.tp] if cfg.tp is not None else list(opts.tps),
         msps=list(opts.msps),
-        label=opts.label,
+        kv_bucket_heads=[cfg.kv_bucket_heads] if cfg.kv_bucket_heads is not None else list(opts.kv_bucket_heads),
     )
 
 
-def _tps_for(scheme: str, degree: int, opts: SchemeOptions) -> list[int]:
-    """tp_sp's tensor degrees at this degree: 0 (auto) and the proper divisors 1 < T < degree in
-    `opts.tps` (T = degree would be TP and T = 1 SP); if none is left, auto (tspbench.run.checks refuses a
-    T that divides none of the degrees, and a degree that none of the T divides, before this runs)."""
-    if scheme != "tp_sp":
-        return [0]
-    auto = ParallelConfig(scheme="tp_sp", degree=degree).resolved_tp()
-    tps = [auto if t == 0 else t for t in opts.tps if t == 0 or (1 < t < degree and degree % t == 0)]
-    return list(dict.fromkeys(tps)) or [auto]  # explicit T in the spec: the same layout, the same run_id
+def layout_options(cfg: ExperimentConfig, name: str, degree: int) -> LayoutOptions:
+    """The grid's option axes of one scheme at one degree (tspbench.parallel.layouts; an axis the scheme does not
+    take is not run). tp_sp's T: 0 (auto) and the proper divisors 1 < T < degree of `tps` (T = degree would be TP,
+    T = 1 SP); a degree none of them divides runs auto (tspbench.run.checks refuses a T that divides none of the
+    degrees)."""
+    opts = options_of(cfg, name)
+    proper = tuple(t for t in opts.tps if t == 0 or (1 < t < degree and degree % t == 0))
+    return LayoutOptions(
+        sp_variants=tuple(opts.sp_variants),
+        tps=proper or (0,),
+        msps=tuple(opts.msps),
+        vocabs=tuple(opts.vocabs),
+        kv_bucket_heads=tuple(opts.kv_bucket_heads),
+    )
 
 
 def _fault_for(f: FaultConfig, scheme: str, seq_len: int, world: int) -> dict[str, Any]:

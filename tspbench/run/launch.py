@@ -36,7 +36,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from tspbench.config import ConfigError, validate_parallel
+from tspbench.config import ConfigError
+from tspbench.parallel import validate_parallel
 from tspbench.paths import package_search_root
 from tspbench.record.schema import base_record, current_records
 from tspbench.record.spec import RunSpec
@@ -77,13 +78,13 @@ def run_all(
     try:
         for spec in specs:
             if spec.run_id in done:
-                say(f"skip     {spec.label()}: already ok in {results}")
+                say(f"skip     {spec.run_label()}: already ok in {results}")
                 bar.update(1)
                 continue
-            bar.set_postfix_str(spec.label())
+            bar.set_postfix_str(spec.run_label())
 
             def on_step(i: int, n: int, tps: str, spec=spec):
-                bar.set_postfix_str(f"{spec.label()}: step {i}/{n} {tps} tok/s")
+                bar.set_postfix_str(f"{spec.run_label()}: step {i}/{n} {tps} tok/s")
 
             rec = run_one(spec, run_dir, on_step, estimated.get(spec.run_id), memory_check)
             say(one_line(rec))
@@ -272,7 +273,7 @@ def run_measured(spec: RunSpec, run_dir: Path, on_step: Callable | None = None) 
     status, reason = None, None
     with open(log_file, "w") as log:
         log.write(
-            f"# {spec.label()}  run_id={spec.run_id}\n# "
+            f"# {spec.run_label()}  run_id={spec.run_id}\n# "
             + " ".join(worker_command(spec_file, spec.world_size, 0))
             + "\n"
         )

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import importlib
 
-from tspbench.config import ModelConfig, ParallelConfig
+from tspbench.config import ModelConfig
+from tspbench.parallel import ParallelConfig
 from tspbench.schemes.base import ParallelModel
 from tspbench.schemes.ops.sharding import ApplyArgs, build_mesh
 

@@ -13,8 +13,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from tspbench.config import GRAD_BUCKET_ELEMS, ParallelConfig
+from tspbench.config import GRAD_BUCKET_ELEMS
 from tspbench.model import CoreAttention, Transformer, token_loss_sum
+from tspbench.parallel import ParallelConfig
 from tspbench.schemes.comm import Comm, CommLog
 from tspbench.schemes.ops.layout import SeqLayout
 from tspbench.schemes.ops.sharding import ApplyArgs, Shard

@@ -30,7 +30,8 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
 
-from tspbench.config import ModelConfig, ParallelConfig
+from tspbench.config import ModelConfig
+from tspbench.parallel import ParallelConfig
 from tspbench.schemes.base import ParallelModel
 from tspbench.schemes.comm import Comm
 from tspbench.schemes.ops.layout import SeqLayout

@@ -5,7 +5,8 @@ No communication inside the model; after backward the gradients are averaged ove
 
 from __future__ import annotations
 
-from tspbench.config import ModelConfig, ParallelConfig
+from tspbench.config import ModelConfig
+from tspbench.parallel import ParallelConfig
 from tspbench.schemes.base import ParallelModel
 from tspbench.schemes.ops.sharding import ApplyArgs, materialise_replicated, meta_model
 

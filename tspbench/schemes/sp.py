@@ -31,8 +31,9 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import nn
 
-from tspbench.config import ModelConfig, ParallelConfig
+from tspbench.config import ModelConfig
 from tspbench.model import CoreAttention, LayerKV, project_qkv
+from tspbench.parallel import ParallelConfig
 from tspbench.schemes.base import ParallelModel
 from tspbench.schemes.comm import Comm
 from tspbench.schemes.ops.decode import Decodable, decode_attend

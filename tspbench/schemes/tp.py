@@ -17,7 +17,8 @@ all-reduces in the cross-entropy; the logits stay [B, S, V/T].
 
 from __future__ import annotations
 
-from tspbench.config import ModelConfig, ParallelConfig
+from tspbench.config import ModelConfig
+from tspbench.parallel import ParallelConfig
 from tspbench.schemes.base import ParallelModel
 from tspbench.schemes.ops.sharding import (
     ATTN_SPLIT,

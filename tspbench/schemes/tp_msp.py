@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import torch
 
-from tspbench.config import ModelConfig, ParallelConfig
+from tspbench.config import ModelConfig
+from tspbench.parallel import ParallelConfig
 from tspbench.schemes.base import ParallelModel
 from tspbench.schemes.comm import gather_from_sequence, reduce_scatter_to_sequence
 from tspbench.schemes.ops.layout import SeqLayout

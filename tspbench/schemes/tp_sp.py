@@ -35,7 +35,8 @@ from __future__ import annotations
 
 from torch import nn
 
-from tspbench.config import ModelConfig, ParallelConfig
+from tspbench.config import ModelConfig
+from tspbench.parallel import ParallelConfig
 from tspbench.schemes.base import ParallelModel
 from tspbench.schemes.comm import Comm, gather_from_sequence, reduce_scatter_to_sequence
 from tspbench.schemes.ops.kv_exchange import attend_sequence

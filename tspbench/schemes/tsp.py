@@ -36,8 +36,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tspbench.config import ModelConfig, ParallelConfig
+from tspbench.config import ModelConfig
 from tspbench.model import LayerKV, project_qkv, rope_cos_sin, swiglu
+from tspbench.parallel import ParallelConfig
 from tspbench.schemes.base import ParallelModel
 from tspbench.schemes.comm import Comm, reduce_from_region
 from tspbench.schemes.ops.decode import Decodable, decode_attend

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from tspbench.config import DTYPES, ConfigError, ModelConfig, ParallelConfig, validate_parallel
+from tspbench.config import DTYPES, ConfigError, ModelConfig
+from tspbench.parallel import ParallelConfig, validate_parallel
 
 TOL = {"float64": 1e-10, "float32": 2e-4, "bfloat16": 5e-2}
 
@@ -57,19 +58,6 @@ class VerifyConfig(ParallelConfig):
     """Serving only: greedy generation instead of teacher forcing. Each decode step is fed the argmax of the
     previous step's logits (the first: the prefill's last position); the generated tokens must equal the
     single-device model's greedy tokens exactly and every step's logits within the dtype tolerance."""
-
-    def parallel(self) -> ParallelConfig:
-        """The layout alone (what the schemes take)."""
-        return ParallelConfig(
-            scheme=self.scheme,
-            degree=self.degree,
-            tp=self.tp,
-            dp=self.dp,
-            sp_variant=self.sp_variant,
-            msp=self.msp,
-            recompute=self.recompute,
-            vocab=self.vocab,
-        )
 
     def validate(self) -> None:
         if self.dtype not in DTYPES:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import tempfile
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from pathlib import Path
 
 import torch.distributed as dist
 
+from tspbench.parallel import ParallelConfig
 from tspbench.verify.case import CaseResult, VerifyConfig
 from tspbench.verify.parity import run_case
 from tspbench.verify.serve import run_decode_case
@@ -41,11 +42,15 @@ def run_cases(cases: list[tuple[VerifyConfig, str | None]], world: int, device: 
         return json.loads(Path(out).read_text())
 
 
+LAYOUT_FIELDS = tuple(f.name for f in fields(ParallelConfig))
+
+
 def format_result(r: dict) -> str:
     c = r["case"]
-    msp = f"msp={str(c.get('msp', True)).lower()} " if c["scheme"] == "tp_sp" else ""
+    par = ParallelConfig(**{k: c[k] for k in LAYOUT_FIELDS if k in c})
+    options = " ".join(f"{k}={str(v).lower()}" for k, v in par.options().items())
     head = (
-        f"scheme={c['scheme']} degree={c['degree']} dp={c['dp']} tp={c['tp']} variant={c['sp_variant']} {msp}"
+        f"{par.label()}: scheme={c['scheme']} degree={c['degree']} dp={c['dp']} {options} "
         f"recompute={c['recompute']} dtype={c['dtype']} S={c['seq_len']} B={c['batch']} "
         f"n_heads={c['model']['n_heads']} n_kv_heads={c['model']['n_kv_heads']}"
     )

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import math
 
-from tspbench.config import ModelConfig, ParallelConfig
+from tspbench.config import ModelConfig
+from tspbench.parallel import ParallelConfig
 from tspbench.predict.costmodel.params import (
     fsdp_shards,
     kv_heads_per_rank,
@@ -68,10 +69,10 @@ def comm_per_layer(
     if s in ("tp", "tp_msp", "tp_sp"):
         fwd["activations"] = 4 * (n / lay.sp) * h * (lay.tp - 1) / lay.tp
     kv_d = model.head_dim * kv_heads_per_rank(model, lay.tp)  # K (or V) width per token on a rank: h/(g·T)
-    ulysses = s in ("sp", "tp_sp", "fsdp_sp") and par.sp_variant == "ulysses"
+    ulysses = par.ulysses
     if ulysses:
         fwd["heads"] = (n / lay.sp) * (2 * h + 2 * model.n_kv_heads * model.head_dim) / lay.tp * (lay.sp - 1) / lay.sp
-    elif s in ("sp", "tp_sp", "fsdp_sp"):
+    elif par.exchange:
         fwd["kv"] = 2 * n * kv_d * (lay.sp - 1) / lay.sp
     if s == "fsdp_sp":
         nf = fsdp_shards(par)
@@ -92,7 +93,7 @@ def comm_per_layer(
             bwd["heads"] += fwd["heads"]
         elif par.recompute == "full":
             bwd = {key: bwd[key] + fwd[key] for key in bwd}  # one more forward's worth
-        elif par.recompute == "selective" and s in ("sp", "tp_sp", "fsdp_sp") and not ulysses:
+        elif par.recompute == "selective" and par.exchange and not ulysses:
             bwd["kv"] += fwd["kv"]  # the K/V exchange is part of the recomputed core attention
     elif mode != "forward":
         raise ValueError(f"mode={mode!r} is unknown; allowed: train, forward")

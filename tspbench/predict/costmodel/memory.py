@@ -22,7 +22,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tspbench.config import GRAD_BUCKET_ELEMS, ModelConfig, ParallelConfig
+from tspbench.config import GRAD_BUCKET_ELEMS, ModelConfig
+from tspbench.parallel import ParallelConfig
 from tspbench.predict.costmodel.comm import grad_sync_groups, kv_grad_sync_group
 from tspbench.predict.costmodel.params import (
     BYTES,
@@ -222,7 +223,7 @@ def layer_backward_working_set(
 def has_attention_moment(par: ParallelConfig, geo: Geometry) -> bool:
     """Whether a block's backward has the `attn` moment of `layer_backward_working_set`: a zigzag shard attending
     over all-gathered whole-sequence K/V (sp, tp_sp, fsdp_sp with sp_variant=allgather)."""
-    return par.scheme in ("sp", "tp_sp", "fsdp_sp") and par.sp_variant == "allgather" and geo.kv_tokens > 0
+    return par.exchange == "allgather" and geo.kv_tokens > 0
 
 
 def head_saved_bytes(
@@ -375,7 +376,7 @@ def memory_phases(
             geo.n_res * h * b
             + 2 * 2 * (geo.kv_tokens or geo.n_gemm) * model.head_dim * kv_heads_per_rank(model, geo.t) * b,
         )
-        if par.scheme in ("sp", "tp_sp", "fsdp_sp") and par.sp_variant == "ulysses":
+        if par.ulysses:
             # block input, its norm, local Q/K/V, their head shards as received and un-zigzagged, the kernel output
             # and its re-zigzagged copy
             qkv = 3 * (h + 2 * h / model.gqa_ratio) / geo.t

@@ -20,26 +20,18 @@ master_fp32, m and v are in the parameter dtype, as torch's AdamW keeps them (bf
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
-from tspbench.config import ModelConfig, ParallelConfig
+from tspbench.config import ModelConfig
+from tspbench.parallel import Divisors, ParallelConfig
 
 BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
 
 
 # ---------------------------------------------------------------------------------------------- layout
-@dataclass(frozen=True)
-class Layout:
-    """How one scheme divides a replica's work over its `degree` ranks."""
-
-    tp: int  # T: tensor axis (weight/head sharding); D for tsp
-    sp: int  # Σ: sequence axis (token sharding); D for tsp
-    weight_div: int  # per-layer weights held by a rank = W / weight_div
-    seq_div: int  # token-wise tensors hold B·S / seq_div tokens
-    head_div: int  # head/channel-sharded activations are further ÷ head_div (1 for tsp: a rank does all heads)
-    rep_div: int  # TP-replicated token-wise activations ÷ rep_div (T for Megatron-SP)
-    loss_div: int  # the LM head and loss run on B·S / loss_div tokens per rank
-    vocab_div: int = 1  # … over V / vocab_div classes (T where the vocabulary is split over the tensor axis)
+Layout = Divisors
+"""How one scheme divides a replica's work over its `degree` ranks (tspbench.parallel.Divisors, written down with
+the scheme in its registry entry)."""
 
 
 def megatron_sp(par: ParallelConfig) -> bool:
@@ -49,29 +41,8 @@ def megatron_sp(par: ParallelConfig) -> bool:
 
 
 def layout(par: ParallelConfig) -> Layout:
-    return replace(_layout(par), vocab_div=par.vocab_degree)
-
-
-def _layout(par: ParallelConfig) -> Layout:
-    d, s = par.degree, par.scheme
-    if s == "single":
-        return Layout(1, 1, 1, 1, 1, 1, 1)
-    if s == "tp":
-        return Layout(d, 1, d, 1, d, 1, 1, d)
-    if s == "tp_msp":  # the head gathers the sequence: all B·S tokens over V/T classes
-        return Layout(d, 1, d, 1, d, d, 1, d)
-    if s == "sp":
-        return Layout(1, d, 1, d, 1, 1, d)
-    if s == "tp_sp":
-        t, sig = par.tp_degree, par.sp_degree
-        if megatron_sp(par):  # the vocabulary-parallel head gathers shard σ; a replicated one runs on the piece
-            return Layout(t, sig, t, sig, t, t, sig if par.vocab_degree > 1 else sig * t, t)
-        return Layout(t, sig, t, sig, t, 1, sig, t)
-    if s == "tsp":
-        return Layout(d, d, d, d, 1, 1, d)
-    if s == "fsdp_sp":  # sp's tokens; every weight (norms, embedding and head too) ÷ N = dp·Σ by FSDP
-        return Layout(1, d, fsdp_shards(par), d, 1, 1, d)
-    raise ValueError(f"scheme={s!r} is unknown")
+    """The scheme's divisors (its registry entry) with the vocabulary split of this layout."""
+    return replace(par.spec.divisors(par), vocab_div=par.vocab_degree)
 
 
 # ---------------------------------------------------------------------------------------------- params
@@ -108,7 +79,7 @@ def non_embedding_params(model: ModelConfig) -> int:
 
 def fsdp_shards(par: ParallelConfig | None) -> int:
     """N = dp·Σ: the ranks FSDP shards every weight over in fsdp_sp (docs/method.md#fsdp-sp); 1 elsewhere."""
-    return par.dp * par.degree if par is not None and par.scheme == "fsdp_sp" else 1
+    return par.fsdp_shards if par is not None else 1
 
 
 def replicated_params(model: ModelConfig, layers: int | None = None, par: ParallelConfig | None = None) -> float:

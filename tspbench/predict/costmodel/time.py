@@ -20,7 +20,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from tspbench.config import ModelConfig, ParallelConfig
+from tspbench.config import ModelConfig
+from tspbench.parallel import ParallelConfig
 from tspbench.predict.costmodel.comm import grad_sync_groups, kv_grad_sync_group
 from tspbench.predict.costmodel.flops import hardware_flops_per_token
 from tspbench.predict.costmodel.hardware import HardwareProfile, load_hardware  # noqa: F401 (re-exported)
@@ -362,7 +363,7 @@ def decode_collectives(model: ModelConfig, par: ParallelConfig, batch: int) -> l
         out.append(("allreduce", lay.tp, b * h, lay.tp, 2))  # f/g: W_O and MLP outputs
     if s == "fsdp_sp":  # FSDP gathers the unit for every step's forward
         out.append(_fsdp_unit_gather(model, par))
-    if s in ("sp", "tp_sp", "fsdp_sp") and lay.sp > 1:
+    if par.exchange and lay.sp > 1:
         heads = n_h / lay.tp
         out += [
             ("allreduce", lay.sp, b * heads, par.degree, 1),  # the max

@@ -18,8 +18,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from tspbench.config import ModelConfig, ParallelConfig, kv_replicas
+from tspbench.config import ModelConfig
 from tspbench.model import Transformer, init_full_param
+from tspbench.parallel import ParallelConfig, kv_replicas
 from tspbench.schemes.comm import Comm, CommLog
 
 # Mesh axes per scheme, outermost first. The tensor axis is innermost (fastest-varying ranks), as in
