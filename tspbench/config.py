@@ -17,6 +17,12 @@ GRAD_BUCKET_ELEMS = 2**25
 """Gradient all-reduce bucket (schemes/base.py ParallelModel.finish_grad_sync): at most 32M elements are
 concatenated at once (Megatron's DDP default is 40M), so the sync never holds a second copy of all the gradients.
 Here, not in schemes/, so that the cost model reads it without importing torch.distributed."""
+GIB = 2**30
+"""Bytes per GiB: records store memory in GiB (keys ending `_gib`; docs/records.md)."""
+GB = 10**9
+"""Bytes per GB: every printed table, the report and the paper state memory in decimal GB."""
+GIB_TO_GB = GIB / GB
+"""1 GiB = 1.073741824 GB."""
 MODES = ("train", "forward", "decode")
 """train: forward + backward + AdamW; forward: one forward (prefill without a cache); decode: serving, a
 KV-cache prefill of seq_len tokens, then one new token per step (schemes/ops/decode.py)."""

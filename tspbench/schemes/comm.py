@@ -304,46 +304,6 @@ class _AllToAll(torch.autograd.Function):
             return ctx.comm.all_to_all(g, gather_dim, scatter_dim), None, None, None
 
 
-class _BroadcastFromOwner(torch.autograd.Function):
-    """Broadcast the owner's shard forward; reduce the gradient to the owner backward.
-
-    Every rank passes its *own* shard (same shape on all ranks); only the owner's is sent. The owner's
-    input receives the summed gradient of all ranks' uses; the others' inputs receive zero from this call.
-    """
-
-    @staticmethod
-    def forward(ctx, w, comm: Comm, src: int):
-        ctx.comm, ctx.src, ctx.tag = comm, src, comm.log.tag
-        buf = w.detach().clone() if comm.rank == src else torch.empty_like(w)
-        return comm.broadcast(buf, src)
-
-    @staticmethod
-    def backward(ctx, g):
-        with ctx.comm.log.scope(ctx.tag, backward=True):
-            g = ctx.comm.reduce(g.contiguous().clone(), ctx.src)
-        return (g if ctx.comm.rank == ctx.src else torch.zeros_like(g)), None, None
-
-
-class _ShiftRing(torch.autograd.Function):
-    """Ring hop forward / reverse hop backward: rank r receives `x` of rank r−offset (and sends its own to
-    r+offset); the gradient of what r received belongs to r−offset, so backward shifts by −offset."""
-
-    @staticmethod
-    def forward(ctx, x, comm: Comm, offset: int):
-        ctx.comm, ctx.offset, ctx.tag = comm, offset, comm.log.tag
-        return _shift(x, comm, offset)
-
-    @staticmethod
-    def backward(ctx, g):
-        with ctx.comm.log.scope(ctx.tag):
-            return _shift(g, ctx.comm, -ctx.offset), None, None
-
-
-def _shift(x: torch.Tensor, comm: Comm, offset: int) -> torch.Tensor:
-    x = x.contiguous()  # the send reads this buffer; both requests complete before we return
-    return comm.start_shift(x, torch.empty_like(x), offset).wait()
-
-
 def copy_to_region(x: torch.Tensor, comm: Comm | None) -> torch.Tensor:
     """f. `comm` None (a one-rank group, e.g. tp_sp with T = 1): the identity, as Megatron's mappings."""
     return x if comm is None else _CopyToRegion.apply(x, comm)
@@ -365,11 +325,3 @@ def reduce_scatter_to_sequence(x: torch.Tensor, comm: Comm, dim: int) -> torch.T
 def all_to_all(x: torch.Tensor, comm: Comm, scatter_dim: int, gather_dim: int) -> torch.Tensor:
     """Differentiable all-to-all (Comm.all_to_all); backward is the inverse all-to-all."""
     return _AllToAll.apply(x, comm, scatter_dim, gather_dim)
-
-
-def broadcast_from_owner(w: torch.Tensor, comm: Comm, src: int) -> torch.Tensor:
-    return _BroadcastFromOwner.apply(w, comm, src)
-
-
-def shift_ring(x: torch.Tensor, comm: Comm, offset: int = 1) -> torch.Tensor:
-    return _ShiftRing.apply(x, comm, offset)
