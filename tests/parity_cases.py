@@ -88,6 +88,8 @@ def case_id(vc: VerifyConfig, breakage: str | None) -> str:
         s += f"-T{vc.tp}" + ("" if vc.msp else "-plain")
     if vc.vocab != "auto":
         s += f"-vocab_{vc.vocab}"
+    if vc.kv_bucket_heads:
+        s += f"-kvb{vc.kv_bucket_heads}"
     if vc.grad_bucket_elems:
         s += f"-bucket{vc.grad_bucket_elems}"
     if vc.decode_steps:
@@ -180,6 +182,12 @@ def cases_for_world(world: int) -> list[tuple[VerifyConfig, str | None]]:
                 out.append((replace(_vc(model, "tsp", world, recompute=rc), vocab="ring"), None))
         for scheme, tp in (("tp", 0), ("tp_msp", 0), ("tp_sp", 2 if world == 4 else 1)):
             out.append((replace(_vc(MHA, scheme, world, tp=tp), vocab="replicated"), None))
+    if world in (2, 3, 4):  # TSP's bucketed K/V all-gather: several buckets per owner (MHA), one (GQA at D = 3)
+        models = (MHA3, GQA3) if world == 3 else (MHA, GQA)
+        for model, rc in zip(models, ("none", "full")):
+            out.append((replace(_vc(model, "tsp", world, recompute=rc), kv_bucket_heads=1), None))
+        if world == 2:  # 4 KV heads per owner in buckets of 3: an uneven last bucket
+            out.append((replace(_vc(MHA, "tsp", 2, recompute="selective"), kv_bucket_heads=3), None))
     if world == 2:  # low-precision smoke: same comparison, dtype-based tolerance (verify.TOL)
         for scheme, variant, tp in VARIANTS[2]:
             for dtype in ("float32", "bfloat16"):
@@ -207,6 +215,8 @@ def cases_for_world(world: int) -> list[tuple[VerifyConfig, str | None]]:
             (_vc(MHA, "tp", 2), "perturbed_replica_grad"),
             (_vc(MHA, "single", 1, dp=2), "perturbed_replica_grad"),
             (_vc(MHA, "fsdp_sp", 2), "fsdp_no_reduce_scatter"),
+            # a K/V bucket that gathers another bucket's heads: caught only where there are several buckets
+            (replace(_vc(MHA, "tsp", 2), kv_bucket_heads=1), "kv_bucket_wrong_heads"),
         ]
     if world == 4:
         out += [
@@ -223,6 +233,7 @@ def cases_for_world(world: int) -> list[tuple[VerifyConfig, str | None]]:
             # ring attention whose [dK; dV] never travels back: forward exact, K/V gradients wrong
             (_vc(GQA, "sp", 4, "ring"), "ring_dkv_not_returned"),
             (_vc(MHA, "fsdp_sp", 4, "ring"), "ring_dkv_not_returned"),
+            (replace(_vc(MHA, "tsp", 4), kv_bucket_heads=1), "kv_bucket_wrong_heads"),
         ]
     return out
 

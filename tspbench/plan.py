@@ -17,9 +17,10 @@ import sys
 import time
 from pathlib import Path
 
-from tspbench.config import ConfigError, model_preset
+from tspbench.config import GB, ConfigError, model_preset
+from tspbench.parallel import SCHEMES, SP_VARIANTS, VOCAB, LayoutOptions, scheme
 from tspbench.predict.costmodel import OVERLAPS
-from tspbench.predict.planner import BATCHES, GIB, MAX_DEGREE, margin_pct, plan, plan_records
+from tspbench.predict.planner import BATCHES, MAX_DEGREE, PLAN_ORDER, margin_pct, plan, plan_records
 
 HELP = f"""usage: python -m tspbench.plan [key=value ...]
 Rank every implemented layout that fits the device's memory by predicted cluster tokens/s (closed-form cost
@@ -34,7 +35,13 @@ model; `python -m tspbench.validate` shows how far to trust it).
   batches=B,B,...   micro-batch sizes to try (default {",".join(map(str, BATCHES))})
   max_degree=N      largest group size tried (default {MAX_DEGREE})
   top=N             layouts printed (default 10)
-  out=PATH          write one JSONL record per fitting layout (default: none)"""
+  out=PATH          write one JSONL record per fitting layout (default: none)
+layouts enumerated (tspbench.parallel.layouts; each a comma-separated list):
+  schemes=S,S,...          schemes (default {",".join(PLAN_ORDER)})
+  sp_variants=V,V,...      K/V exchanges of sp, tp_sp, fsdp_sp (default {",".join(SP_VARIANTS)})
+  msps=B,B,...             tp_sp with Megatron-SP on T (true) and/or the plain ablation (false) (default true,false)
+  vocabs=V,V,...           embedding / LM-head layouts: {" | ".join(VOCAB)} (default auto; ring: tsp only)
+  kv_bucket_heads=K,K,...  tsp's KV heads per K/V all-gather, 0 = one per owner (default 0)"""
 
 DEFAULTS = {
     "model": "llama7b",
@@ -46,6 +53,11 @@ DEFAULTS = {
     "max_degree": str(MAX_DEGREE),
     "top": "10",
     "out": "",
+    "schemes": ",".join(PLAN_ORDER),
+    "sp_variants": ",".join(SP_VARIANTS),
+    "msps": "true,false",
+    "vocabs": "auto",
+    "kv_bucket_heads": "0",
 }
 TRUST = {"tokens_per_s_per_gpu": "tokens/s", "step_s": "step time", "peak_mem_gib": "peak memory"}
 
@@ -55,6 +67,34 @@ def _int(kv: dict[str, str], key: str) -> int:
         return int(kv[key])
     except ValueError:
         raise ConfigError(f"{key}={kv[key]!r} must be an integer") from None
+
+
+def _list(kv: dict[str, str], key: str, allowed: tuple[str, ...]) -> tuple[str, ...]:
+    values = tuple(v.strip() for v in kv[key].split(",") if v.strip())
+    bad = [v for v in values if v not in allowed]
+    if bad or not values:
+        raise ConfigError(f"{key}={kv[key]!r}: each must be one of {', '.join(allowed)}")
+    return values
+
+
+def layout_options(kv: dict[str, str]) -> tuple[tuple[str, ...], LayoutOptions]:
+    """(schemes, option axes) of the enumeration from the command line's lists."""
+    schemes = _list(kv, "schemes", SCHEMES)
+    msps = tuple(v == "true" for v in _list(kv, "msps", ("true", "false")))
+    try:
+        buckets = tuple(int(v) for v in kv["kv_bucket_heads"].split(","))
+    except ValueError:
+        raise ConfigError(f"kv_bucket_heads={kv['kv_bucket_heads']!r} must be comma-separated integers ≥ 0") from None
+    if any(b < 0 for b in buckets):
+        raise ConfigError(f"kv_bucket_heads={kv['kv_bucket_heads']!r} must be comma-separated integers ≥ 0")
+    vocabs = _list(kv, "vocabs", VOCAB)
+    for v in vocabs:  # a value no enumerated scheme takes would silently enumerate nothing
+        if not any(v in scheme(s).vocabs for s in schemes):
+            raise ConfigError(f"vocabs={v} is taken by none of schemes={','.join(schemes)}")
+    opts = LayoutOptions(
+        sp_variants=_list(kv, "sp_variants", SP_VARIANTS), msps=msps, vocabs=vocabs, kv_bucket_heads=buckets
+    )
+    return schemes, opts
 
 
 def trust_line() -> str:
@@ -92,9 +132,18 @@ def main(argv: list[str] | None = None) -> int:
             batches = tuple(int(b) for b in kv["batches"].split(","))
         except ValueError:
             raise ConfigError(f"batches={kv['batches']!r} must be comma-separated integers, e.g. 1,2,4") from None
+        schemes, options = layout_options(kv)
         t0 = time.perf_counter()
         ranked, n = plan(
-            model, seq_len, gpus, kv["hardware"], max_degree=max_degree, batches=batches, overlap=kv["overlap"]
+            model,
+            seq_len,
+            gpus,
+            kv["hardware"],
+            max_degree=max_degree,
+            batches=batches,
+            overlap=kv["overlap"],
+            options=options,
+            schemes=schemes,
         )
         dt = time.perf_counter() - t0
     except (ConfigError, ValueError) as e:
@@ -104,15 +153,15 @@ def main(argv: list[str] | None = None) -> int:
         f"{n} layouts enumerated in {dt:.2f} s (closed form), {len(ranked)} fit {kv['hardware']} memory; "
         f"{model.name}, S={seq_len}, {gpus} GPUs, overlap={kv['overlap']}"
     )
-    head = ("layout", "mem GiB", "step s", "exp comm s", "dp", "tok/s/GPU", "cluster tok/s", "margin")
+    head = ("layout", "mem GB", "step s", "exp comm s", "dp", "tok/s/GPU", "cluster tok/s", "margin")
     print(
-        f"{head[0]:40s} {head[1]:>8s} {head[2]:>8s} {head[3]:>10s} {head[4]:>5s} {head[5]:>10s} {head[6]:>13s} "
+        f"{head[0]:52s} {head[1]:>8s} {head[2]:>8s} {head[3]:>10s} {head[4]:>5s} {head[5]:>10s} {head[6]:>13s} "
         f"{head[7]:>7s}"
     )
     for i, lay in enumerate(ranked[:top]):
         m = margin_pct(ranked, i)
         print(
-            f"{lay.name:40s} {lay.mem_bytes / GIB:8.1f} {lay.step_s:8.3f} {lay.exposed_comm_s:10.3f} "
+            f"{lay.name:52s} {lay.mem_bytes / GB:8.1f} {lay.step_s:8.3f} {lay.exposed_comm_s:10.3f} "
             f"{lay.par.dp:5d} {lay.tokens_per_s_per_gpu:10.1f} {lay.tokens_per_s_cluster:13.4g} "
             + (f"{m:6.1f}%" if m is not None else "      -")
         )

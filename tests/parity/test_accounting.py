@@ -115,9 +115,9 @@ def test_cost_model_predicts_counted_volume(parity_results, cid):
     "cid", [c for c in CASES if ALL[c][1].recompute == "none" and ALL[c][1].scheme in ("tp", "tsp", "fsdp_sp")]
 )
 def test_collective_pattern(parity_results, cid):
-    """Not just the volume: the ops. TP: 2 all-reduces forward. TSP: D broadcasts, D K/V all-gathers and
-    D−1 weight-ring hops forward, and no all-reduce inside a layer. FSDP×SP: the unit all-gathered once forward,
-    once backward, its gradient reduce-scattered once."""
+    """Not just the volume: the ops. TP: 2 all-reduces forward. TSP: D broadcasts, D·n_b K/V all-gathers (n_b head
+    buckets per owner, kv_bucket_heads) and D−1 weight-ring hops forward, and no all-reduce inside a layer.
+    FSDP×SP: the unit all-gathered once forward, once backward, its gradient reduce-scattered once."""
     world, vc, _ = ALL[cid]
     ops = parity_results(world)[cid]["comm_ops_layer0"]
     fwd = [o[0] for o in ops if o[1] == "fwd"]
@@ -130,10 +130,12 @@ def test_collective_pattern(parity_results, cid):
         assert [(o[0], o[1]) for o in unit] == [("all_gather", "fwd"), ("all_gather", "bwd"), ("reduce_scatter", "bwd")]
         assert "all_reduce" not in [o[0] for o in ops]
     else:
-        assert fwd.count("broadcast") == D and fwd.count("all_gather") == D and fwd.count("send_recv") == D - 1
+        kv_owner = max(vc.model.n_kv_heads // D, 1)  # KV heads of one owner's shard
+        n_b = -(-kv_owner // vc.kv_bucket_heads) if vc.kv_bucket_heads else 1
+        assert fwd.count("broadcast") == D and fwd.count("all_gather") == D * n_b and fwd.count("send_recv") == D - 1
         assert "all_reduce" not in [o[0] for o in ops]
         bwd = [o[0] for o in ops if o[1] == "bwd"]
-        assert bwd.count("reduce") == D and bwd.count("reduce_scatter") == D
+        assert bwd.count("reduce") == D and bwd.count("reduce_scatter") == D * n_b
         assert bwd.count("send_recv") == 2 * (D - 1)  # weight ring + gradient ring
 
 

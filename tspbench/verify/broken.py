@@ -251,6 +251,22 @@ def ring_dkv_not_returned():
         yield
 
 
+@contextlib.contextmanager
+def kv_bucket_wrong_heads():
+    """TSP's bucketed K/V all-gather (kv_bucket_heads > 0) gathers the first bucket's KV heads for every bucket, so
+    bucket b's queries attend to bucket 0's keys and values. With one bucket per owner (kv_bucket_heads=0, or as
+    many heads as the owner has) nothing changes: only the bucketed path is wrong."""
+    from tspbench.schemes.ops.owner_attention import OwnerPlan
+
+    real = OwnerPlan.gather
+
+    def gather(self, k, v, lo, hi, label):
+        return real(self, k, v, 0, hi - lo, label)  # the right number of heads, the wrong ones
+
+    with mock.patch.object(OwnerPlan, "gather", gather):
+        yield
+
+
 BREAKAGES = {
     "missing_allreduce": missing_allreduce,
     "wrong_zigzag_order": wrong_zigzag_order,
@@ -268,4 +284,5 @@ BREAKAGES = {
     "msp_without_reduce_scatter": msp_without_reduce_scatter,
     "ulysses_wrong_dim": ulysses_wrong_dim,
     "ring_dkv_not_returned": ring_dkv_not_returned,
+    "kv_bucket_wrong_heads": kv_bucket_wrong_heads,
 }

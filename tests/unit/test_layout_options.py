@@ -1,0 +1,119 @@
+"""Every layout option reaches every entry point: each CLI's config, the worker's RunSpec, every kind of record and
+the scheme itself receive every ParallelConfig field unchanged (docs/adding-a-scheme.md). Before tspbench.parallel,
+`verify` and `estimate` rebuilt the layout from eight named fields and dropped `kv_bucket_heads`, so `verify
+scheme=tsp kv_bucket_heads=1` proved the unbucketed path.
+
+Two layouts set every field to a non-default value between them (no scheme takes every option): a T × Σ mesh with
+the plain ablation, ring attention and a replicated vocabulary, and TSP with K/V buckets and the vocabulary ring,
+both data-parallel and recomputing."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import fields, replace
+
+import pytest
+
+from tspbench.config import ModelConfig
+from tspbench.parallel import ParallelConfig, layout_fields, validate_parallel
+
+MODEL = ModelConfig(name="tiny")  # conf/model/tiny.yaml: 4 heads, 4 KV heads, dim 64, vocabulary 256
+SEQ = 128
+LAYOUTS = [
+    ParallelConfig(
+        scheme="tp_sp", degree=4, tp=2, dp=2, sp_variant="ring", recompute="selective", msp=False, vocab="replicated"
+    ),
+    ParallelConfig(scheme="tsp", degree=2, dp=2, kv_bucket_heads=1, recompute="full", vocab="ring"),
+]
+DEFAULTS = ParallelConfig()
+
+
+def _overrides(par: ParallelConfig) -> list[str]:
+    return [f"{f.name}={str(getattr(par, f.name)).lower()}" for f in fields(ParallelConfig)]
+
+
+def test_the_layouts_set_every_field_to_a_non_default_value():
+    for f in fields(ParallelConfig):
+        assert any(getattr(p, f.name) != getattr(DEFAULTS, f.name) for p in LAYOUTS), f.name
+    for p in LAYOUTS:
+        validate_parallel(MODEL, p, SEQ, 1)
+
+
+@pytest.mark.parametrize("par", LAYOUTS, ids=lambda p: p.scheme)
+def test_verify_and_estimate_configs(par):
+    from tspbench.predict.estimate_cli import compose as estimate_compose
+    from tspbench.verify.cli import compose as verify_compose
+
+    assert verify_compose(_overrides(par)).parallel() == par
+    assert estimate_compose([*_overrides(par), "model=tiny"]).parallel() == par
+
+
+@pytest.mark.parametrize("par", LAYOUTS, ids=lambda p: p.scheme)
+def test_experiment_spec_and_records(par):
+    from tspbench.record.offline import estimated_record, modelled_record
+    from tspbench.record.schema import base_record
+    from tspbench.record.spec import RunSpec
+    from tspbench.run.grid import compose_experiment, expand_grid
+
+    # the experiment's singular keys replace a grid axis: only those of options the scheme takes (msp is a grid
+    # axis of scheme_opts only)
+    opts = [f"scheme_opts.{par.scheme}.msps=[{str(par.msp).lower()}]"] if "msp" in par.options() else []
+    taken = ("scheme=", "dp=", "recompute=", *(f"{k}=" for k in par.options() if k != "msp"))
+    keys = [o for o in _overrides(par) if o.startswith(taken)]
+    cfg = compose_experiment(["+exp=smoke", f"seq_len={SEQ}", f"degree={par.degree}", "hardware=h100", *keys, *opts])
+    (spec,) = expand_grid(cfg)
+    assert spec.parallel() == par
+    assert RunSpec.from_json(spec.to_json()).parallel() == par  # what the worker reads
+    want = layout_fields(par)
+    for rec in (base_record(spec, "failed", "x"), modelled_record(spec), estimated_record(spec)):
+        assert {k: rec[k] for k in want} == want, rec["method"]
+        assert json.loads(json.dumps(rec["provenance"]["config"]))["kv_bucket_heads"] == par.kv_bucket_heads
+
+
+@pytest.mark.parametrize("par", LAYOUTS, ids=lambda p: p.scheme)
+def test_plan_records(par, tmp_path):
+    from tspbench import plan
+
+    out = tmp_path / "plan.jsonl"
+    argv = [
+        "model=tiny",
+        f"seq_len={SEQ}",
+        f"gpus={par.world_size}",
+        "hardware=h100",
+        f"schemes={par.scheme}",
+        f"sp_variants={par.sp_variant}",
+        f"msps={str(par.msp).lower()}",
+        f"vocabs={par.vocab}",
+        f"kv_bucket_heads={par.kv_bucket_heads}",
+        "batches=1",
+        f"out={out}",
+    ]
+    assert plan.main(argv) == 0
+    recs = [json.loads(line) for line in out.read_text().splitlines()]
+    want = layout_fields(par)
+    assert any({k: r[k] for k in want} == want for r in recs), [r["layout"] for r in recs]
+
+
+def test_the_scheme_receives_every_option():
+    """The scheme runs what the layout says: the collectives of its layer 0 (fake tensors, fake process group) show
+    the options at work."""
+    from tspbench.predict.estimate import estimate
+
+    mesh, tsp = LAYOUTS
+    ops = [(o[0], o[1]) for o in estimate(MODEL, mesh, SEQ, 1, dtype="float32")["comm_ops_layer0"]]
+    fwd = [op for op, phase in ops if phase == "fwd"]
+    assert "send_recv" in fwd and "all_reduce" in fwd  # ring attention hops; plain TP (msp=false) all-reduces
+    assert "reduce_scatter" not in fwd  # Megatron-SP (msp=true) would reduce-scatter
+    rec = estimate(MODEL, tsp, SEQ, 1, dtype="float32")
+    fwd = [o[0] for o in rec["comm_ops_layer0"] if o[1] == "fwd"]
+    per_owner = MODEL.n_kv_heads // tsp.degree  # 2 KV heads per owner, buckets of 1: 2 all-gathers per owner
+    assert fwd.count("all_gather") == tsp.degree * per_owner
+    unbucketed = estimate(MODEL, replace(tsp, kv_bucket_heads=0), SEQ, 1, dtype="float32")
+    assert [o[0] for o in unbucketed["comm_ops_layer0"] if o[1] == "fwd"].count("all_gather") == tsp.degree
+
+
+def test_a_dropped_option_is_caught():
+    """Non-vacuity: a config that rebuilds the layout from a subset of its fields (the old bug) fails the check."""
+    par = LAYOUTS[1]
+    dropped = ParallelConfig(**{k: getattr(par, k) for k in ("scheme", "degree", "dp", "recompute", "vocab")})
+    assert dropped != par and layout_fields(dropped) != layout_fields(par)
