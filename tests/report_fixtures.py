@@ -9,6 +9,9 @@
     with malformed fields, and a torn last line.
 Numbers are chosen so deviations from CLAIMS are known (see the tests). Communication volumes follow
 docs/method.md#communication, so the TSP/TP crossover sits at B·S = 8h.
+
+`write_context(dir)` adds the validation and plan records the run flow writes beside them (real ones:
+tspbench.run.context), for the trust section and the Pareto page.
 """
 
 from __future__ import annotations
@@ -411,3 +414,11 @@ def write_minimal(path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(r) + "\n" for r in mi300x_estimates()[:4]))
     return path
+
+
+def write_context(directory: Path) -> list[Path]:
+    """The validation and plan records an experiment writes beside its runs (tspbench.run.context: the cost model
+    against conf/published, the planner on the paper's setting), for the report's trust section and Pareto page."""
+    from tspbench.run.context import write_context_records
+
+    return write_context_records(directory)

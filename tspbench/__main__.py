@@ -1,14 +1,15 @@
 """`python -m tspbench +exp=NAME [overrides]`: compose, expand the grid, run each point, summarise.
 
-Hydra lives only here, in the parent: it composes the typed ExperimentConfig (tspbench/run/grid.py), owns
-the run/sweep directories (conf/config.yaml) and, under `-m`, the sweep; each run's ranks are spawned by
-tspbench.run.launch from a frozen spec file. `--help` lists every option with its meaning (Hydra's own help:
-`--hydra-help`).
+Hydra lives only here, in the parent: it composes the typed ExperimentConfig (tspbench/run/experiment.py), owns
+the run/sweep directories (conf/config.yaml) and, under `-m`, the sweep. `--help` lists every option with its
+meaning (Hydra's own help: `--hydra-help`).
 
 Before Hydra starts (so a refused command leaves no directory behind), every combination of the command line's
-overrides is composed and checked (tspbench.run.checks.precheck): a mistake gets one line and exit 2. Exit
-codes: 0 when every grid point ended `ok` (or was already `ok`), 1 otherwise (the counts on the last line;
-`allow_failures=true` exits 0), 2 for a refused command, 130 on Ctrl-C.
+overrides is composed and checked (tspbench.run.checks.precheck), which also decides each grid point's fate
+once (tspbench/run/fate.py); the Hydra job reuses those decisions. A mistake gets one line and exit 2. Then
+tspbench.run.dispatch runs the grid as decided (measured runs as torchrun rank groups from a frozen spec file,
+tspbench/run/supervise.py). Exit codes: 0 when every grid point ended `ok` (or was already `ok`), 1 otherwise
+(the counts on the last line; `allow_failures=true` exits 0), 2 for a refused command, 130 on Ctrl-C.
 """
 
 from __future__ import annotations
@@ -25,8 +26,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from tspbench import cli
 from tspbench.cli import CONF_DIR
+from tspbench.record.spec import RunSpec
 from tspbench.run.checks import grid_outcome, precheck
-from tspbench.run.grid import ExperimentConfig, compose_experiment, register
+from tspbench.run.experiment import ExperimentConfig, compose_experiment, register
+from tspbench.run.fate import fallback_line
 
 register()
 
@@ -59,7 +62,7 @@ def main(cfg: DictConfig) -> None:
     from tspbench.config import ConfigError
     from tspbench.record.store import RESULTS_FILE
     from tspbench.record.tables import breakdown_table, summary_table
-    from tspbench.run.launch import run_all
+    from tspbench.run.dispatch import run_all
 
     exp = typing.cast(ExperimentConfig, OmegaConf.to_object(cfg))
     hydra_dir = Path(HydraConfig.get().runtime.output_dir).resolve()
@@ -67,14 +70,16 @@ def main(cfg: DictConfig) -> None:
     if exp.resume_dir:  # the records go to resume_dir: leave no near-empty Hydra dir behind
         _drop_if_only_hydra(hydra_dir)
     try:
-        specs = precheck(exp)
+        specs = _prechecked(exp)
     except ConfigError as e:
         _drop_if_only_hydra(hydra_dir)
         print(f"tspbench: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     run_dir.mkdir(parents=True, exist_ok=True)
     print(f"tspbench: {exp.exp_name}: {len(specs)} runs → {run_dir / RESULTS_FILE}", file=sys.stderr)
-    _say_fallback(specs)
+    fallback = fallback_line(specs)
+    if fallback:
+        print(fallback, file=sys.stderr)
     try:
         records = run_all(specs, run_dir, force=exp.force, progress=exp.progress, memory_check=exp.memory_check)
     except KeyboardInterrupt:
@@ -95,8 +100,10 @@ def main(cfg: DictConfig) -> None:
         print_tables(exp.paper_tables)
     if exp.report and not _in_multirun():  # a sweep gets one combined report (tspbench.run.callbacks)
         from tspbench.report import finish
+        from tspbench.run.context import write_context_records
 
-        finish([run_dir / RESULTS_FILE], exp.exp_name)
+        # the report reads records only: the predictions' validation and the planner's page are records too
+        finish([run_dir / RESULTS_FILE, *write_context_records(run_dir)], exp.exp_name)
     code, line = grid_outcome(specs, records, exp.allow_failures)
     print(line, flush=True)
     if code and not _in_multirun():  # a sweep's exit code comes from its combined results (run.callbacks)
@@ -110,6 +117,20 @@ def _drop_if_only_hydra(path: Path) -> None:
     if any(p.suffix == ".log" and p.stat().st_size for p in path.iterdir()):
         return
     shutil.rmtree(path, ignore_errors=True)
+
+
+_PRECHECKED: list[tuple[ExperimentConfig, list[RunSpec]]] = []
+"""The command line's experiments as precheck_argv composed them, with their decided grids: the Hydra job (one
+per experiment, in this process unless a launcher ships it elsewhere) takes its own instead of deciding again."""
+
+
+def _prechecked(exp: ExperimentConfig) -> list[RunSpec]:
+    """`exp`'s grid as precheck_argv decided it, or, when it did not see this experiment, precheck(exp)."""
+    for i, (seen, specs) in enumerate(_PRECHECKED):
+        if seen == exp:
+            del _PRECHECKED[i]
+            return specs
+    return precheck(exp)
 
 
 HYDRA_FLAGS_WITH_VALUE = ("--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-dir", "-cd", "--info")
@@ -148,31 +169,12 @@ def precheck_argv(argv: list[str]) -> str | None:
     combos = list(itertools.islice(itertools.product(*choices), 256))
     for combo in combos:
         try:
-            precheck(compose_experiment(list(combo)))
+            exp = compose_experiment(list(combo))
+            _PRECHECKED.append((exp, precheck(exp)))
         except ConfigError as e:
             where = f" (in the sweep's point {' '.join(combo)})" if len(combos) > 1 else ""
             return f"{e}{where}"
     return None
-
-
-def _say_fallback(specs) -> None:
-    """execution=auto without the devices: say once, in one line, what happens instead."""
-    from tspbench.run.launch import choose_execution
-
-    missing = [s for s in specs if s.execution == "auto" and choose_execution(s)[0] is None]
-    if missing:
-        need = max(s.world_size for s in missing)
-        hw = missing[0].hardware or "h100"
-        how = (
-            "modelling them"
-            if all(s.mode == "decode" for s in missing)
-            else "estimating them (fake tensors) and modelling them"
-        )
-        print(
-            f"tspbench: {len(missing)} runs need up to {need} {missing[0].device} devices that are not here: "
-            f"{how} (hardware profile {hw}) instead",
-            file=sys.stderr,
-        )
 
 
 def _in_multirun() -> bool:

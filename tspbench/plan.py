@@ -1,18 +1,18 @@
-"""The planner (issue 13 §3): `python -m tspbench.plan model=llama7b seq_len=131072 gpus=1024 hardware=mi300x`.
+"""The planner: `python -m tspbench.plan model=llama7b seq_len=131072 gpus=1024 hardware=mi300x`.
 
 Every layout the suite implements (tspbench/predict/planner.py: tsp, tp, tp_msp, sp and tp_sp with each K/V
 exchange, tp_sp at every factorisation with and without Megatron-SP, fsdp_sp; each recompute mode; micro-batches;
 dp filling the cluster), minus those that are refused or do not fit the device's memory, ranked by predicted
 cluster tokens/s (closed-form cost model). Prints the top layouts with per-device memory, step time, exposed
 communication, replicas, tokens/s per GPU and in the cluster, the margin to the next layout, the elapsed time,
-and the validation error that applies (tspbench.validate's median |error| on its validation subset). `out=PATH`
-writes one JSONL record per fitting layout (docs/records.md#plan-records); the report draws their memory–
-throughput Pareto front (report/pareto.py).
+and the validation error that applies (tspbench.predict.published's median |error| on its validation subset).
+`out=PATH` writes one JSONL record per fitting layout (docs/records.md#plan-records) through
+tspbench.record.store.write_records (atomic, each record guarded); the report draws their memory–throughput Pareto
+front (tspbench/report/pareto.py).
 """
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
@@ -21,6 +21,7 @@ from tspbench.config import GB, ConfigError, model_preset
 from tspbench.parallel import SCHEMES, SP_VARIANTS, VOCAB, LayoutOptions, scheme
 from tspbench.predict.costmodel import OVERLAPS
 from tspbench.predict.planner import BATCHES, MAX_DEGREE, PLAN_ORDER, margin_pct, plan, plan_records
+from tspbench.record.store import write_records
 
 HELP = f"""usage: python -m tspbench.plan [key=value ...]
 Rank every implemented layout that fits the device's memory by predicted cluster tokens/s (closed-form cost
@@ -98,8 +99,9 @@ def layout_options(kv: dict[str, str]) -> tuple[tuple[str, ...], LayoutOptions]:
 
 
 def trust_line() -> str:
-    """The validation error that applies to these predictions (validate.validation_errors, as the README's)."""
-    from tspbench.validate import validation_errors
+    """The validation error that applies to these predictions (tspbench.predict.published.validation_errors, as the
+    README's)."""
+    from tspbench.predict.published import validation_errors
 
     val = validation_errors()
     parts = [
@@ -171,9 +173,11 @@ def main(argv: list[str] | None = None) -> int:
         recs = plan_records(
             ranked, model=model.name, seq_len=seq_len, gpus=gpus, hardware=kv["hardware"], overlap=kv["overlap"]
         )
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text("".join(json.dumps(r) + "\n" for r in recs))
-        print(f"wrote {len(recs)} records to {out}")
+        written = write_records(out, recs, kind="plan")  # atomic, each record guarded (record/kinds.py)
+        bad = [r for r in written if r.get("status") == "implausible"]
+        print(
+            f"wrote {len(written)} records to {out}" + (f" ({len(bad)} implausible: {bad[0]['reason']})" if bad else "")
+        )
     return 0
 
 

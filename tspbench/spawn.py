@@ -1,6 +1,6 @@
 """Spawn a local rank group for verification and tests (no torchrun needed).
 
-The benchmark runner uses torch's elastic launcher instead (run/launch.py); this is the light-weight path
+The benchmark runner uses torch's elastic launcher instead (tspbench/run/supervise.py); this is the light-weight path
 for correctness checks: `torch.multiprocessing` spawn, a file rendezvous (no ports to collide), gloo on
 CPU and NCCL on CUDA.
 """

@@ -1,202 +1,27 @@
-"""Predictions against published measurements (issue 13 §1): `python -m tspbench.validate [FILE ...]`.
+"""`python -m tspbench.validate [FILE ...] [--out PATH]`: the cost model against published third-party measurements.
 
-Each in-scope row of conf/published/*.yaml (or the files given) is predicted with the closed-form cost model on
-the row's hardware profile:
-- tokens/s per GPU and the iteration time step_s from `cluster_throughput` (train step of micro_batch sequences
-  per replica; overlap from the row's layout: default ideal for FSDP rows, whose prefetched all-gathers /
-  reduce-scatters both frameworks overlap with compute, else none);
-- MFU from those tokens/s with the publisher's FLOPs convention, the row's `flops`: `palm` (default; 6N + 12·L·h·S
-  per token, no causal halving: torchtitan and llm-foundry both count it so) or `megatron_eq3` (Narayanan et al.
-  2021, Eq. 3: 96·B·s·l·h²·(1 + s/6h + V/16lh) per iteration, i.e. the blocks' GEMM FLOPs ×4 (the full-recompute
-  forward counted) + 6·V·h per token for the LM head);
-- peak memory from the closed-form `memory_breakdown`, not the fake-tensor estimate (minutes per row at these
-  shapes). FSDP rows (`fsdp: true`) take the memory of scheme fsdp_sp with Σ = degree = 1 and dp = gpus: every
-  parameter, gradient and optimizer state sharded over N = gpus ranks, one block unit gathered (plus the
-  prefetched one and the last reduce-scatter input), the LM head gathered from its forward to its backward, each
-  rank running its whole sequences. config.validate_parallel refuses fsdp_sp with degree 1 for runs (it is the
-  single-device token layout); the closed form accepts it and that is all this uses. Their TIME stays single × dp
-  with overlap "ideal" (above).
-Prints predicted vs published with the signed error per row, then the median and worst absolute error per
-quantity, separately for the calibration and validation subsets; writes one JSONL record per row.
+The command line only: the rows of conf/published/*.yaml (or the files given) are predicted by
+tspbench/predict/published.py (the cost model on each row's hardware profile; how each quantity is predicted is
+described there). Prints predicted vs published with the signed error per row, then the median and worst absolute
+error per quantity, separately for the calibration and validation subsets, memory in GB; writes one validation
+record per row (docs/records.md#validation-records) through tspbench.record.store.write_records (atomic, each record
+guarded).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
+from tspbench.config import GIB_TO_GB
+from tspbench.paths import results_dir
+from tspbench.predict.published import default_files, load_rows, record, summary
+from tspbench.record.store import write_records
 
-from tspbench.config import ModelConfig
-from tspbench.parallel import ParallelConfig
-from tspbench.paths import conf_dir, results_dir
-from tspbench.predict.costmodel import cluster_throughput, flops_per_token, load_hardware, memory_breakdown
-
-QUANTITIES = ("tokens_per_s_per_gpu", "mfu_pct", "peak_mem_gib", "step_s")
-FLOPS_CONVENTIONS = ("palm", "megatron_eq3")
-SUBSETS = ("calibration", "validation")
-GIB = 2**30
-
-
-@dataclass
-class Row:
-    """One published configuration (keys of a `rows:` entry in conf/published/*.yaml)."""
-
-    id: str
-    """Unique name of the row."""
-    source: str
-    """URL or repository + path + table + row the numbers are copied from."""
-    subset: str
-    """calibration or validation, fixed in the file before any error was computed."""
-    hardware: str
-    """conf/hardware/<name>.yaml profile."""
-    gpus: int
-    """GPUs of the measured job."""
-    model: dict[str, Any]
-    """ModelConfig fields (a name from the file's `models:` table is resolved on load)."""
-    layout: dict[str, Any]
-    """scheme, degree (and tp, sp_variant); fsdp: true when the source sharded parameters with FSDP."""
-    seq_len: int
-    """Sequence length, tokens."""
-    micro_batch: int
-    """Sequences per micro-batch per replica."""
-    recompute: str
-    """none, selective or full (the source's mode mapped onto ours; see notes)."""
-    precision: str
-    """bf16 (in scope) or what the source used."""
-    measured: dict[str, float]
-    """Published numbers: tokens_per_s_per_gpu, mfu_pct, peak_mem_gib, step_s (iteration time of the whole job)."""
-    flops: str = "palm"
-    """FLOPs convention of the published MFU: palm (6N + 12·L·h·S per token) or megatron_eq3 (Narayanan et al.
-    2021, Eq. 3: the blocks' GEMMs ×4, recompute forward included, + the LM head's 6·V·h)."""
-    memory_kind: str = ""
-    """allocated, reserved or device-used, as the source says."""
-    out_of_scope: str | None = None
-    """Why the model family cannot represent the row (kept, never dropped)."""
-    notes: str = ""
-    """Mapping caveats."""
-    file: str = field(default="", repr=False)
-    """The file the row came from."""
-
-
-def load_rows(paths: list[Path]) -> list[Row]:
-    """Every row of the files, with model names resolved; a bad field raises one actionable ValueError."""
-    rows: list[Row] = []
-    for path in paths:
-        doc = yaml.safe_load(path.read_text()) or {}
-        models = doc.get("models", {})
-        for raw in doc.get("rows", []):
-            raw = dict(raw)
-            if isinstance(raw.get("model"), str):
-                name = raw["model"]
-                if name not in models:
-                    raise ValueError(f"{path}: row {raw.get('id')}: model={name!r} is not in the file's models:")
-                raw["model"] = dict(models[name], name=name)
-            if raw.get("subset") not in SUBSETS:
-                raise ValueError(f"{path}: row {raw.get('id')}: subset={raw.get('subset')!r}; allowed: {SUBSETS}")
-            if raw.get("flops", "palm") not in FLOPS_CONVENTIONS:
-                raise ValueError(
-                    f"{path}: row {raw.get('id')}: flops={raw.get('flops')!r}; allowed: {FLOPS_CONVENTIONS}"
-                )
-            try:
-                rows.append(Row(**raw, file=str(path)))
-            except TypeError as e:
-                raise ValueError(f"{path}: row {raw.get('id')}: {e}") from None
-    return rows
-
-
-def published_flops_per_token(model: ModelConfig, seq_len: int, convention: str) -> float:
-    """FLOPs per trained token as the publisher counts them for its MFU (module docstring)."""
-    if convention == "megatron_eq3":
-        blocks = flops_per_token(model, seq_len, mode="forward", causal_halved=False, include_lm_head=False)
-        return 4 * blocks + 6 * model.vocab_size * model.dim
-    return flops_per_token(model, seq_len, mode="train", causal_halved=False)
-
-
-def memory_parallel(row: Row, par: ParallelConfig) -> ParallelConfig:
-    """The layout whose closed-form memory is the row's: FSDP rows are fsdp_sp with Σ = 1 over dp = gpus."""
-    if row.layout.get("fsdp"):
-        return ParallelConfig(scheme="fsdp_sp", degree=1, dp=row.gpus, recompute=row.recompute)
-    return par
-
-
-def predict(row: Row) -> dict[str, float | None]:
-    """The cost model's tokens/s per GPU, MFU (%) and peak memory (GiB) for one row."""
-    model = ModelConfig(**row.model)
-    lay = {k: v for k, v in row.layout.items() if k not in ("fsdp", "overlap")}
-    degree = int(lay.get("degree", 1))
-    par = ParallelConfig(recompute=row.recompute, dp=max(1, row.gpus // degree), **lay)
-    hw = load_hardware(row.hardware)
-    overlap = row.layout.get("overlap", "ideal" if row.layout.get("fsdp") else "none")
-    ct = cluster_throughput(model, par, row.seq_len, row.micro_batch, hw, row.gpus, mode="train", overlap=overlap)
-    tps = ct["tokens_per_s_per_device"]
-    model_flops = published_flops_per_token(model, row.seq_len, row.flops)
-    mem = memory_breakdown(model, memory_parallel(row, par), row.seq_len, row.micro_batch)["total"]
-    return {
-        "tokens_per_s_per_gpu": tps,
-        "mfu_pct": 100.0 * tps * model_flops / hw.peak_flops("bfloat16"),
-        "peak_mem_gib": mem / GIB,
-        "step_s": ct["step_s"],
-        "exposed_comm_s": ct["step_s"] - ct["compute_s"],
-    }
-
-
-def record(row: Row) -> dict[str, Any]:
-    """The JSONL record of one row (fields in docs/records.md#validation-records)."""
-    rec: dict[str, Any] = {
-        "kind": "validation",
-        "row_id": row.id,
-        "source": row.source,
-        "subset": row.subset,
-        "hardware": row.hardware,
-        "gpus": row.gpus,
-        "model": row.model.get("name", ""),
-        "layout": row.layout,
-        "seq_len": row.seq_len,
-        "micro_batch": row.micro_batch,
-        "recompute": row.recompute,
-        "precision": row.precision,
-        "flops": row.flops,
-        "status": "out_of_scope" if row.out_of_scope else "ok",
-        "out_of_scope": row.out_of_scope,
-        "published": dict(row.measured),
-        "predicted": {},
-        "error_pct": {},
-        "quantity_out_of_scope": {},
-    }
-    if row.out_of_scope:
-        return rec
-    pred = predict(row)
-    rec["predicted"] = pred
-    for q in QUANTITIES:
-        if q not in row.measured:
-            continue
-        p = pred.get(q)
-        if p is None:
-            rec["quantity_out_of_scope"][q] = "the cost model gives no prediction of it for this layout"
-            continue
-        rec["error_pct"][q] = 100.0 * (p - row.measured[q]) / row.measured[q]
-    return rec
-
-
-def summary(records: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, float]]]:
-    """Median and worst absolute error (%) and row count per subset and quantity."""
-    out: dict[str, dict[str, dict[str, float]]] = {}
-    for subset in SUBSETS:
-        for q in QUANTITIES:
-            errs = [abs(r["error_pct"][q]) for r in records if r["subset"] == subset and q in r["error_pct"]]
-            if errs:
-                out.setdefault(subset, {})[q] = {
-                    "median_abs_pct": statistics.median(errs),
-                    "worst_abs_pct": max(errs),
-                    "n": len(errs),
-                }
-    return out
+PRINTED = {"peak_mem_gib": ("peak_mem_gb", GIB_TO_GB)}
+"""Quantities printed in another unit than the record's: memory is stored in GiB and printed in GB."""
 
 
 def render(records: list[dict[str, Any]]) -> str:
@@ -207,31 +32,26 @@ def render(records: list[dict[str, Any]]) -> str:
             continue
         for q, pub in r["published"].items():
             fmt = ".3f" if q == "step_s" else ".1f"
+            name, factor = PRINTED.get(q, (q, 1.0))
             if q in r["error_pct"]:
-                pred, err = r["predicted"][q], f"{r['error_pct'][q]:+7.1f}%"
-                lines.append(f"{r['row_id']:34s} {r['subset']:11s} {q:21s} {pub:10{fmt}} {pred:10{fmt}} {err:>8s}")
+                pred, err = r["predicted"][q] * factor, f"{r['error_pct'][q]:+7.1f}%"
+                lines.append(
+                    f"{r['row_id']:34s} {r['subset']:11s} {name:21s} {pub * factor:10{fmt}} {pred:10{fmt}} {err:>8s}"
+                )
             else:
                 why = r["quantity_out_of_scope"].get(q, "")
-                lines.append(f"{r['row_id']:34s} {r['subset']:11s} {q:21s} {pub:10{fmt}}  not predicted: {why}")
+                lines.append(
+                    f"{r['row_id']:34s} {r['subset']:11s} {name:21s} {pub * factor:10{fmt}}  not predicted: {why}"
+                )
     lines.append("")
     for subset, per_q in summary(records).items():
         for q, s in per_q.items():
+            name = PRINTED.get(q, (q,))[0]
             lines.append(
-                f"{subset:11s} {q:21s} n={s['n']:<3d} median |error| {s['median_abs_pct']:5.1f}%  "
+                f"{subset:11s} {name:21s} n={s['n']:<3d} median |error| {s['median_abs_pct']:5.1f}%  "
                 f"worst {s['worst_abs_pct']:5.1f}%"
             )
     return "\n".join(lines)
-
-
-def default_files() -> list[Path]:
-    return sorted((conf_dir() / "published").glob("*.yaml"))
-
-
-def validation_errors(files: list[Path] | None = None) -> dict[str, dict[str, float]]:
-    """The validation subset's errors per quantity (`summary`'s "validation" entry: median_abs_pct, worst_abs_pct,
-    n) for the repo's published rows (or `files`), predicted now: what applies to any prediction the model makes
-    (the README's headline and the planner print them)."""
-    return summary([record(r) for r in load_rows(files or default_files())]).get("validation", {})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -239,13 +59,15 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m tspbench.validate",
         description="Predict published third-party measurements with the cost model; print the errors.",
     )
-    ap.add_argument("files", nargs="*", type=Path, help="published-measurement YAML files (default: conf/published)")
+    ap.add_argument(
+        "files", nargs="*", type=Path, help="published-measurement YAML files (default: conf/published/*.yaml)"
+    )
     ap.add_argument("--out", type=Path, default=None, help="JSONL output (default: results/validation.jsonl)")
     args = ap.parse_args(argv)
     files = args.files or default_files()
     for f in files:
         if not f.is_file():
-            print(f"error: FILE {f} does not exist; give conf/published-style YAML files", file=sys.stderr)
+            print(f"error: FILE {f} does not exist; give YAML files shaped like conf/published/*.yaml", file=sys.stderr)
             return 2
     try:
         records = [record(r) for r in load_rows(files)]
@@ -254,9 +76,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(render(records))
     out = args.out or results_dir() / "validation.jsonl"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("".join(json.dumps(r) + "\n" for r in records))
-    print(f"\nwrote {len(records)} records to {out}")
+    written = write_records(out, records, kind="validation")  # atomic, each record guarded (record/kinds.py)
+    bad = [r for r in written if r.get("status") == "implausible"]
+    print(
+        f"\nwrote {len(written)} records to {out}" + (f" ({len(bad)} implausible: {bad[0]['reason']})" if bad else "")
+    )
     return 0
 
 

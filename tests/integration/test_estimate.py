@@ -23,7 +23,7 @@ import torch.distributed as dist
 from tspbench.config import ModelConfig
 from tspbench.paper.tables import LLAMA7B, PAPER_MEMORY_SETTING
 from tspbench.parallel import ParallelConfig
-from tspbench.predict.costmodel import memory_breakdown, params_per_device
+from tspbench.predict.costmodel import Workload, memory_breakdown, params_per_device
 from tspbench.predict.costmodel.memory import memory_phases
 from tspbench.predict.estimate import CATEGORIES, estimate, estimate_summary, measure
 
@@ -175,7 +175,7 @@ def test_comm_counts_are_not_vacuous(real_runs):
 def test_costmodel_matches_estimate_gqa(scheme, tp, recompute, vocab):
     par = ParallelConfig(scheme=scheme, degree=4, tp=tp, recompute=recompute, vocab=vocab)
     est = estimate(GQA, par, 2048, 1, dtype="bfloat16")
-    model = memory_breakdown(GQA, par, 2048, 1, dtype="bfloat16")
+    model = memory_breakdown(par, Workload(GQA, 2048, 1, dtype="bfloat16"))
     assert est["provenance"]["extrapolated"]  # 6 layers: traced 3 and 4
     assert not _near_tie_mismatch(GQA, par, model, est["mem_bytes"]), _within(model, est["mem_bytes"])
 
@@ -190,7 +190,7 @@ def test_costmodel_matches_estimate_kv_replicated(scheme, degree, tp, recompute,
     cfg = replace(GQA, n_kv_heads=n_kv)
     par = ParallelConfig(scheme=scheme, degree=degree, tp=tp, recompute=recompute)
     est = estimate(cfg, par, 2048, 1, dtype="bfloat16")
-    model = memory_breakdown(cfg, par, 2048, 1, dtype="bfloat16")
+    model = memory_breakdown(par, Workload(cfg, 2048, 1, dtype="bfloat16"))
     assert model["params"] == est["mem_bytes"]["params"]
     assert not _near_tie_mismatch(cfg, par, model, est["mem_bytes"]), _within(model, est["mem_bytes"])
 
@@ -210,7 +210,7 @@ def test_costmodel_matches_estimate_tp_sp(tp, recompute, vocab, msp):
     """tp_sp with Megatron-SP on T (default; the replicated-vocabulary piece layout, Σ = 1) and the plain ablation."""
     par = ParallelConfig(scheme="tp_sp", degree=4, tp=tp, recompute=recompute, vocab=vocab, msp=msp)
     est = estimate(GQA, par, 2048, 1, dtype="bfloat16")
-    model = memory_breakdown(GQA, par, 2048, 1, dtype="bfloat16")
+    model = memory_breakdown(par, Workload(GQA, 2048, 1, dtype="bfloat16"))
     assert not _near_tie_mismatch(GQA, par, model, est["mem_bytes"]), _within(model, est["mem_bytes"])
 
 
@@ -221,7 +221,7 @@ def test_costmodel_matches_estimate_ulysses(scheme, tp, recompute):
     the model keeps no full-sequence K/V; the estimate traces the all-to-alls under the fake process group."""
     par = ParallelConfig(scheme=scheme, degree=4, tp=tp, recompute=recompute, sp_variant="ulysses")
     est = estimate(GQA, par, 2048, 1, dtype="bfloat16")
-    model = memory_breakdown(GQA, par, 2048, 1, dtype="bfloat16")
+    model = memory_breakdown(par, Workload(GQA, 2048, 1, dtype="bfloat16"))
     assert not _near_tie_mismatch(GQA, par, model, est["mem_bytes"]), _within(model, est["mem_bytes"])
     t, sig = par.tp_degree, par.sp_degree
     n, h, g = 2048 / sig, GQA.dim, GQA.gqa_ratio  # two all-to-alls of (h + 2h/g)/T and h/T per local token
@@ -239,7 +239,7 @@ def test_costmodel_matches_estimate_ulysses_forward(scheme, tp):
     cfg = replace(GQA, vocab_size=64, n_kv_heads=8, ffn_hidden=512)
     par = ParallelConfig(scheme=scheme, degree=4, tp=tp, sp_variant="ulysses", msp=scheme != "tp_sp")
     est = estimate(cfg, par, 2048, 1, mode="forward", dtype="bfloat16")["mem_bytes"]
-    model = memory_breakdown(cfg, par, 2048, 1, mode="forward", dtype="bfloat16", kv_cache=False)
+    model = memory_breakdown(par, Workload(cfg, 2048, 1, mode="forward", dtype="bfloat16"), kv_cache=False)
     assert model["total"] == pytest.approx(est["total"], rel=0.02)
 
 
@@ -261,7 +261,7 @@ def _near_tie_mismatch(cfg, par, model: dict, est: dict, tol: float = 0.05) -> l
     moments, and the totals must agree."""
     if not _within(model, est):
         return []
-    phases = memory_phases(cfg, par, 2048, 1, dtype="bfloat16")
+    phases = memory_phases(par, Workload(cfg, 2048, 1, dtype="bfloat16"))
     near = [p for p in phases.values() if p["total"] >= model["total"] * (1 - tol)]
     if any(not _within({**p, "total": model["total"]}, est, tol) for p in near):
         return []
@@ -275,7 +275,7 @@ def test_costmodel_matches_estimate_forward(scheme, tp):
     1 MB all-reduce output under comm_buffers), which is 10% of this tiny model's 11 MB peak."""
     par = ParallelConfig(scheme=scheme, degree=4, tp=tp)
     est = estimate(GQA, par, 2048, 1, mode="forward", dtype="bfloat16")["mem_bytes"]
-    model = memory_breakdown(GQA, par, 2048, 1, mode="forward", dtype="bfloat16", kv_cache=False)
+    model = memory_breakdown(par, Workload(GQA, 2048, 1, mode="forward", dtype="bfloat16"), kv_cache=False)
     assert model["total"] == pytest.approx(est["total"], rel=0.05)
     assert model["params"] == est["params"] and est["grads"] == est["optimizer"] == 0
 
@@ -296,7 +296,7 @@ def llama_128k():
 @pytest.mark.slow
 def test_costmodel_matches_estimate_llama7b_128k(llama_128k, scheme):
     par, rec, _ = llama_128k[scheme]
-    model = memory_breakdown(LLAMA7B, par, S128K, 1)
+    model = memory_breakdown(par, Workload(LLAMA7B, S128K, 1))
     assert not _within(model, rec["mem_bytes"]), _within(model, rec["mem_bytes"])
 
 
@@ -378,4 +378,4 @@ def test_hardware_flops_model_equals_counter(scheme, degree, tp, recompute):
     s = 512
     par = ParallelConfig(scheme=scheme, degree=degree, tp=tp, recompute=recompute)
     got = estimate(FLOP_MODEL, par, s, 1, dtype="bfloat16")["metrics"]["flops_per_token"]
-    assert got == pytest.approx(hardware_flops_per_token(FLOP_MODEL, s, "train", recompute, scheme), rel=2e-3)
+    assert got == pytest.approx(hardware_flops_per_token(par, Workload(FLOP_MODEL, s, mode="train")), rel=2e-3)

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 from proc_util import worker_pids
 
-from tspbench.run.grid import compose_experiment, expand_grid
-from tspbench.run.launch import run_all
+from tspbench.run.dispatch import run_all
+from tspbench.run.experiment import compose_experiment
+from tspbench.run.grid import expand_grid
 
 pytestmark = pytest.mark.slow  # each test launches two rank groups; one waits out a timeout
 
@@ -80,7 +81,7 @@ def test_hang_is_killed_after_timeout_and_recorded(tmp_path):
 def test_log_tail_drops_torchruns_own_report(tmp_path):
     """The ranks' lines survive whatever torchrun prints while it shuts a group down: its agent's log lines,
     a logging error raised inside its signal handler, and tracebacks through the elastic agent."""
-    from tspbench.run.launch import log_tail
+    from tspbench.run.supervise import log_tail
 
     agent = "W1202 15:10:34.302000 10228 site-packages/torch/distributed/elastic/agent/server/api.py:753] "
     noise_a = [agent + "Received 15 death signal, shutting down workers"] + ["  noise"] * 60
@@ -92,7 +93,7 @@ def test_log_tail_drops_torchruns_own_report(tmp_path):
     noise_c = ["Traceback (most recent call last):", '  File "x/torch/distributed/elastic/agent/server/api.py"']
     rank_tb = [
         "Traceback (most recent call last):",
-        '  File "tspbench/worker.py", line 10, in benchmark',
+        '  File "tspbench/run/worker.py", line 10, in benchmark',
         "RuntimeError: injected crash (faults.kind=crash) on rank 1",
     ]
     for noise in (noise_a, noise_b, noise_c + ["  noise"] * 60):

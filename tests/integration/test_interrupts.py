@@ -1,4 +1,4 @@
-"""Ctrl-C never loses or corrupts a result, and the exit code tells a script what happened (issue 11, §2-3).
+"""Ctrl-C never loses or corrupts a result, and the exit code tells a script what happened.
 
 Runs the experiment CLI with cwd = tmp_path (nothing goes into the user's results/ or reports/), tiny model,
 gloo on CPU.

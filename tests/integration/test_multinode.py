@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from tspbench.record.store import read_records
-from tspbench.run.grid import compose_experiment, expand_grid
-from tspbench.run.launch import free_port, worker_command
+from tspbench.run.experiment import compose_experiment
+from tspbench.run.grid import expand_grid
+from tspbench.run.supervise import free_port, worker_command
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = ["+exp=smoke", "model.n_layers=1", "seq_len=32", "warmup_steps=1", "measured_steps=2", "progress=false"]

@@ -80,7 +80,8 @@ def render(html: Path, tmp: Path, height: int = 2000) -> tuple[BodyAttrs, list[s
 def report(tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("browser")
     src = rf.write_records(tmp / "run.jsonl")
-    return build_report([src], out=tmp / "report.html", claims=rf.CLAIMS)
+    ctx = rf.write_context(tmp)  # validation and plan records: the trust section's and the Pareto page's figures
+    return build_report([src, *ctx], out=tmp / "report.html", claims=rf.CLAIMS)
 
 
 def test_screenshot_at_1280(report, tmp_path):
@@ -104,6 +105,7 @@ def test_renders_clean(report, tmp_path):
     assert b["data-figures-ok"] == "true", f"figures not rendered: {b['data-figures-bad']}"
     assert int(b["data-scroll-width"]) <= WIDTH, "page overflows horizontally at 1280 px"
     assert {"claims-table", "evidence", "summary-table", "failures-table"} <= dom.ids
+    assert {"trust-table", "fig-trust-img", "fig-pareto-0-img", "pareto-table-0"} <= dom.ids
 
 
 def test_self_check_catches_breakage(report, tmp_path):

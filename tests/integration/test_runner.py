@@ -17,8 +17,9 @@ import pytest
 from proc_util import worker_pids
 
 from tspbench.record.store import load, read_records
-from tspbench.run.grid import compose_experiment, expand_grid
-from tspbench.run.launch import run_all
+from tspbench.run.dispatch import run_all
+from tspbench.run.experiment import compose_experiment
+from tspbench.run.grid import expand_grid
 
 ROOT = Path(__file__).resolve().parents[2]
 FAST = [
@@ -167,9 +168,83 @@ def test_auto_decode_without_devices_is_modelled(tmp_path):
     assert not list(tmp_path.glob("*.log"))
 
 
+# (fate, overrides, whether it needs a host without CUDA, the records' (method, status)); the refused points run
+# in a grid with `single`, so the grid itself is not refused (a refused point's record says `measured`: what
+# execution=auto / measure asked for)
+FATES = [
+    ("measure", ["schemes=[single]"], False, [("measured", "ok")]),
+    ("estimate", ["schemes=[tsp]", "execution=estimate"], False, [("estimated", "ok")]),
+    ("model", ["schemes=[tsp]", "execution=model"], False, [("modelled", "ok")]),
+    (
+        "estimate+model",
+        ["schemes=[tsp]", "device=cuda", "hardware=h100"],
+        True,
+        [("estimated", "ok"), ("modelled", "ok")],
+    ),
+    ("model", ["schemes=[tsp]", "device=cuda", "hardware=h100", "mode=decode"], True, [("modelled", "ok")]),
+    ("refused", ["schemes=[single,tp]", "degree=3"], False, [("measured", "invalid")]),
+]
+
+
+@pytest.mark.parametrize(
+    "kind,overrides,no_cuda,methods",
+    FATES,
+    ids=["measure", "estimate", "model", "estimate+model", "decode-model", "refused-layout"],
+)
+def test_each_fate_is_what_the_spec_carries_and_the_record_says(tmp_path, kind, overrides, no_cuda, methods):
+    """compose → precheck → run_all: the fate the pre-check gave the spec is what happens, and the records (method,
+    status, provenance.config.fate) say so."""
+    import torch
+
+    from tspbench.run.checks import precheck
+
+    if no_cuda and torch.cuda.is_available():
+        pytest.skip("this host has CUDA devices: auto would measure")
+    specs = precheck(compose_experiment(["+exp=smoke", *FAST, *overrides]))
+    spec = specs[-1]  # the point under test (after `single` in the refused grid)
+    assert spec.fate is not None and spec.fate.kind == kind
+    if kind == "refused":
+        assert spec.fate.reason.startswith("model.n_heads=8 must be divisible by the tensor degree 3")
+    elif no_cuda:  # execution=auto without the devices: why it is not measured
+        assert spec.fate.reason.startswith("needs 2 cuda devices, found 0 (execution=auto")
+    else:
+        assert spec.fate.reason is None
+    recs = [r for r in run_all(specs, tmp_path, progress=False) if r["run_id"].startswith(spec.run_id)]
+    assert [(r["method"], r["status"]) for r in recs] == methods
+    for r in recs:
+        assert r["provenance"]["config"]["fate"] == {"kind": kind, "reason": spec.fate.reason}
+    if kind == "refused":
+        assert recs[0]["reason"] == spec.fate.reason
+    # ranks started (a log) for exactly the points decided `measure`
+    assert {p.stem for p in tmp_path.glob("*.log")} == {s.run_id for s in specs if s.fate.kind == "measure"}
+
+
+def test_refused_devices_exit_2_with_the_decisions_reason(tmp_path):
+    """execution=measure without the devices: every point refused, so the pre-check refuses the grid with the first
+    point's reason; run anyway (the specs as decided), each is recorded `invalid` with that same reason."""
+    import torch
+
+    from tspbench.config import ConfigError
+    from tspbench.run.checks import precheck
+    from tspbench.run.fate import decide_all
+
+    if torch.cuda.is_available():
+        pytest.skip("this host has CUDA devices")
+    exp = compose_experiment(["+exp=smoke", *FAST, "schemes=[tp,tsp]", "device=cuda", "execution=measure"])
+    with pytest.raises(ConfigError) as e:
+        precheck(exp)
+    specs = expand_grid(exp)
+    fates = decide_all(specs)
+    assert [f.kind for f in fates] == ["refused", "refused"]
+    assert str(e.value) == f"no grid point can run: {fates[0].reason} (and 1 more grid point(s) refused)"
+    recs = run_all(specs, tmp_path, progress=False)
+    assert [(r["status"], r["reason"]) for r in recs] == [("invalid", f.reason) for f in fates]
+    assert not list(tmp_path.glob("*.log"))
+
+
 def test_decode_cannot_be_estimated():
     from tspbench.config import ConfigError
-    from tspbench.run.grid import validate_experiment
+    from tspbench.run.experiment import validate_experiment
 
     with pytest.raises(ConfigError, match="mode=decode cannot be estimated"):
         validate_experiment(compose_experiment(["+exp=smoke", "mode=decode", "execution=estimate"]))
@@ -295,6 +370,7 @@ def test_submitit_local_sweep_writes_records_and_report(tmp_path):
 def test_flops_conventions_and_peak_table():
     from tspbench.config import ModelConfig
     from tspbench.measure import flops as fl
+    from tspbench.parallel import ParallelConfig
     from tspbench.predict import costmodel as cf
 
     llama = ModelConfig(
@@ -307,7 +383,8 @@ def test_flops_conventions_and_peak_table():
     assert cf.flops_per_token(llama, s, mode="train", causal_halved=False) == palm
     attn = 12 * llama.n_layers * llama.dim * s
     assert cf.flops_per_token(llama, s, mode="train", causal_halved=True) == palm - attn / 2  # Megatron
-    assert cf.hardware_flops_per_token(llama, s, "train", "full") > cf.flops_per_token(llama, s, mode="train")
+    full = cf.hardware_flops_per_token(ParallelConfig(recompute="full"), cf.Workload(llama, s, mode="train"))
+    assert full > cf.flops_per_token(llama, s, mode="train")
     assert fl.peak_flops("NVIDIA H100 80GB HBM3", "cuda")[0] == 989e12
     assert fl.peak_flops("NVIDIA H100 PCIe", "cuda")[0] == 756e12
     assert fl.peak_flops("NVIDIA H200", "cuda")[0] == 989e12

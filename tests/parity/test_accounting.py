@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from parity_cases import ALL
 
-from tspbench.predict.costmodel import comm_embed_head, comm_per_layer
+from tspbench.predict.costmodel import Workload, comm_embed_head, comm_per_layer
 
 
 def formula_fwd(vc) -> float:
@@ -106,7 +106,9 @@ def selective_replay(vc) -> float:
 def test_cost_model_predicts_counted_volume(parity_results, cid):
     world, vc, _ = ALL[cid]
     got = parity_results(world)[cid]["comm_layer0"]
-    pred = comm_per_layer(vc.model, vc.parallel(), vc.seq_len, vc.batch, mode="train", regather_kv=vc.scheme == "tsp")
+    pred = comm_per_layer(
+        vc.parallel(), Workload(vc.model, vc.seq_len, vc.batch, mode="train"), regather_kv=vc.scheme == "tsp"
+    )
     assert pred["fwd_total"] == pytest.approx(got["fwd"], rel=1e-12)
     assert pred["bwd_total"] == pytest.approx(got["bwd"], rel=1e-12)
 
@@ -187,7 +189,7 @@ def test_embedding_and_head_volume(parity_results, cid):
     exactly what costmodel.comm_embed_head says; the replicated ones (sp, tsp, T = 1) move nothing."""
     world, vc, _ = ALL[cid]
     got = parity_results(world)[cid]["comm_edges"]
-    pred = comm_embed_head(vc.model, vc.parallel(), vc.seq_len, vc.batch, mode="train")
+    pred = comm_embed_head(vc.parallel(), Workload(vc.model, vc.seq_len, vc.batch, mode="train"))
     for tag in ("embed", "head"):
         for phase in ("fwd", "bwd"):
             assert got[tag][phase] == pytest.approx(pred[tag][phase], rel=1e-12, abs=0), (tag, phase)
@@ -200,5 +202,5 @@ def test_embed_head_formula_by_hand():
     from tspbench.parallel import ParallelConfig
 
     m = ModelConfig(vocab_size=128, dim=64)
-    got = comm_embed_head(m, ParallelConfig("tp", 2), 32, 2, mode="train")
+    got = comm_embed_head(ParallelConfig("tp", 2), Workload(m, 32, 2, mode="train"))
     assert got == {"embed": {"fwd": 4096.0, "bwd": 0.0}, "head": {"fwd": 192.0, "bwd": 4096.0}}

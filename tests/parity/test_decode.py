@@ -9,7 +9,7 @@ import pytest
 from parity_cases import DECODE
 
 from tspbench.parallel import kv_replicas
-from tspbench.predict.costmodel import comm_decode_per_layer, kv_cache_bytes
+from tspbench.predict.costmodel import Workload, comm_decode_per_layer, kv_cache_bytes
 
 
 def _cache_bytes(vc) -> int:
@@ -36,7 +36,8 @@ def test_kv_cache_is_sharded_not_copied(parity_results, cid):
     assert sum(kv) == vc.dp * _cache_bytes(vc) * reps  # every token and head cached once (per replica of a head)
     assert kv == [_cache_bytes(vc) * reps // vc.degree] * world  # 1/degree per rank (tp_sp: 1/(T·Σ))
     # the cost model's per-rank KV cache (used for serving memory at paper scale) is the same number
-    assert kv_cache_bytes(vc.model, vc.parallel(), vc.seq_len + vc.decode_steps, vc.batch, vc.dtype) == kv[0]
+    work = Workload(vc.model, vc.seq_len + vc.decode_steps, vc.batch, dtype=vc.dtype)
+    assert kv_cache_bytes(vc.parallel(), work) == kv[0]
 
 
 @pytest.mark.parametrize("cid", [k for k, v in DECODE.items() if v[2] is not None])

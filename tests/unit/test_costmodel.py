@@ -17,6 +17,8 @@ from tspbench.config import ModelConfig
 from tspbench.paper.claims import load_claims
 from tspbench.parallel import ParallelConfig
 from tspbench.predict.costmodel import (
+    Training,
+    Workload,
     comm_buffer_bytes,
     comm_per_layer,
     crossover_tokens,
@@ -30,15 +32,8 @@ from tspbench.predict.costmodel import (
     replicated_params,
     ring_buffer_bytes,
 )
-from tspbench.predict.costmodel.time import (
-    HardwareProfile,
-    cluster_throughput,
-    collective_time_s,
-    layer_collectives,
-    load_hardware,
-    received_elems,
-    step_time,
-)
+from tspbench.predict.costmodel.collectives import collective_time_s, layer_collectives, received_elems
+from tspbench.predict.costmodel.time import HardwareProfile, cluster_throughput, load_hardware, step_time
 
 LLAMA7B = ModelConfig(
     name="llama7b", vocab_size=32000, dim=4096, n_layers=32, n_heads=32, n_kv_heads=32, ffn_hidden=16384
@@ -50,7 +45,7 @@ HW_NAMES = ("mi300x", "h100", "h200", "cpu", "a100", "h100_96gb")
 
 def fwd_gb(scheme: str, degree: int = 8, tp: int = 0, seq_len: int = S128K) -> float:
     """Forward elements per layer per device × 2 bytes, in GB."""
-    c = comm_per_layer(LLAMA7B, ParallelConfig(scheme=scheme, degree=degree, tp=tp), seq_len, 1)
+    c = comm_per_layer(ParallelConfig(scheme=scheme, degree=degree, tp=tp), Workload(LLAMA7B, seq_len, mode="forward"))
     return c["fwd_total"] * 2 / 1e9
 
 
@@ -58,7 +53,7 @@ def fwd_gb(scheme: str, degree: int = 8, tp: int = 0, seq_len: int = S128K) -> f
 # (docs/method.md#communication)
 def test_worked_comm_numbers_per_layer():
     # docs/method.md#communication table: B = 1, S = 128K, D = T = 8, bf16; figures rounded to 0.01 GB
-    tsp = comm_per_layer(LLAMA7B, ParallelConfig(scheme="tsp", degree=8), S128K, 1)["fwd"]
+    tsp = comm_per_layer(ParallelConfig(scheme="tsp", degree=8), Workload(LLAMA7B, S128K, mode="forward"))["fwd"]
     assert tsp["weights"] * 2 / 1e9 == pytest.approx(0.47, abs=0.005)
     assert tsp["kv"] * 2 / 1e9 == pytest.approx(1.88, abs=0.005)
     assert fwd_gb("tsp") == pytest.approx(2.35, abs=0.005)
@@ -81,19 +76,21 @@ def test_worked_comm_numbers_non_vacuity():
 
 def test_train_volumes_follow_section5():
     par = ParallelConfig(scheme="tsp", degree=8)
-    c = comm_per_layer(LLAMA7B, par, S128K, 1, mode="train")
+    c = comm_per_layer(par, Workload(LLAMA7B, S128K, mode="train"))
     w, k = c["fwd"]["weights"], c["fwd"]["kv"]
     assert c["fwd_total"] + c["bwd_total"] == pytest.approx(3 * w + 3 * k)  # TSP as coded: K/V re-gathered
-    paper = comm_per_layer(LLAMA7B, par, S128K, 1, mode="train", regather_kv=False)
+    paper = comm_per_layer(par, Workload(LLAMA7B, S128K, mode="train"), regather_kv=False)
     assert paper["fwd_total"] + paper["bwd_total"] == pytest.approx(3 * w + 2 * k)  # docs/method.md#communication
-    tp = comm_per_layer(LLAMA7B, ParallelConfig(scheme="tp", degree=8), S128K, 1, mode="train")
+    tp = comm_per_layer(ParallelConfig(scheme="tp", degree=8), Workload(LLAMA7B, S128K, mode="train"))
     assert tp["bwd_total"] == pytest.approx(tp["fwd_total"])  # TP repeats its all-reduces
-    rc = comm_per_layer(LLAMA7B, replace(par, recompute="full"), S128K, 1, mode="train")
+    rc = comm_per_layer(replace(par, recompute="full"), Workload(LLAMA7B, S128K, mode="train"))
     assert rc["bwd_total"] == pytest.approx(c["bwd_total"] + c["fwd_total"])  # + one forward
-    assert comm_per_layer(LLAMA7B, par, S128K, 1)["bwd_total"] == 0  # forward mode
+    assert comm_per_layer(par, Workload(LLAMA7B, S128K, mode="forward"))["bwd_total"] == 0  # forward mode
     # grad_sync is per step: tsp all-reduces only the replicated (norm, embedding, LM-head) gradients
     assert c["grad_sync"] == pytest.approx(2 * replicated_params(LLAMA7B) * 7 / 8)
-    assert comm_per_layer(LLAMA7B, ParallelConfig(scheme="tp", degree=8), S128K, 1, mode="train")["grad_sync"] == 0
+    assert (
+        comm_per_layer(ParallelConfig(scheme="tp", degree=8), Workload(LLAMA7B, S128K, mode="train"))["grad_sync"] == 0
+    )
 
 
 @pytest.mark.parametrize(
@@ -114,9 +111,9 @@ def test_train_volumes_follow_section5():
 def test_collective_schedule_matches_closed_form(scheme, degree, tp, mode, recompute):
     # the α–β schedule (op by op) and the closed-form volumes must describe the same traffic
     par = ParallelConfig(scheme=scheme, degree=degree, tp=tp, recompute=recompute)
-    colls = layer_collectives(LLAMA7B, par, 8192, 2, mode=mode)
+    colls = layer_collectives(par, Workload(LLAMA7B, 8192, 2, mode=mode))
     received = sum(count * received_elems(op, p, n) for op, p, n, _, count in colls)
-    c = comm_per_layer(LLAMA7B, par, 8192, 2, mode=mode)
+    c = comm_per_layer(par, Workload(LLAMA7B, 8192, 2, mode=mode))
     assert received == pytest.approx(c["fwd_total"] + c["bwd_total"])
     if colls:  # non-vacuity: dropping any one collective breaks the equality
         op, p, n, _, _count = colls[0]
@@ -128,33 +125,33 @@ def test_collective_schedule_matches_closed_form(scheme, degree, tp, mode, recom
 def test_ulysses_schedule_matches_closed_form(scheme, tp, mode, recompute):
     # sp_variant=ulysses: 2 all-to-alls forward, their inverses backward (docs/method.md#ulysses); tp_sp on n/T heads
     par = ParallelConfig(scheme=scheme, degree=8, tp=tp, sp_variant="ulysses", recompute=recompute)
-    colls = layer_collectives(LLAMA7B, par, 8192, 2, mode=mode)
+    colls = layer_collectives(par, Workload(LLAMA7B, 8192, 2, mode=mode))
     received = sum(count * received_elems(op, p, n) for op, p, n, _, count in colls)
-    c = comm_per_layer(LLAMA7B, par, 8192, 2, mode=mode)
+    c = comm_per_layer(par, Workload(LLAMA7B, 8192, 2, mode=mode))
     assert received == pytest.approx(c["fwd_total"] + c["bwd_total"])
     t, sig, n, h = par.tp_degree, par.sp_degree, 8192 * 2, LLAMA7B.dim
     assert c["fwd"]["heads"] == pytest.approx(n / sig * (2 * h + 2 * h / LLAMA7B.gqa_ratio) / t * (sig - 1) / sig)
     tensor_axis = {"allgather", "reduce_scatter"} if par.msp else {"allreduce"}  # tp_sp: Megatron-SP by default
     assert c["fwd"]["kv"] == 0 and {op for op, *_ in colls} == ({"alltoall"} | tensor_axis if t > 1 else {"alltoall"})
-    selective = comm_per_layer(LLAMA7B, replace(par, recompute="selective"), 8192, 2, mode="train")
+    selective = comm_per_layer(replace(par, recompute="selective"), Workload(LLAMA7B, 8192, 2, mode="train"))
     assert (
         selective["bwd_total"]
-        == comm_per_layer(LLAMA7B, replace(par, recompute="none"), 8192, 2, mode="train")["bwd_total"]
+        == comm_per_layer(replace(par, recompute="none"), Workload(LLAMA7B, 8192, 2, mode="train"))["bwd_total"]
     )  # the all-to-alls are outside the recomputed kernel
 
 
 def test_tp_sp_degenerates_to_tp_and_sp():
     for seq in (16384, S128K):
         for mode in ("forward", "train"):
-            a = comm_per_layer(LLAMA7B, ParallelConfig(scheme="tp_sp", degree=8, tp=8), seq, 1, mode=mode)
-            b = comm_per_layer(LLAMA7B, ParallelConfig(scheme="tp", degree=8), seq, 1, mode=mode)
+            a = comm_per_layer(ParallelConfig(scheme="tp_sp", degree=8, tp=8), Workload(LLAMA7B, seq, mode=mode))
+            b = comm_per_layer(ParallelConfig(scheme="tp", degree=8), Workload(LLAMA7B, seq, mode=mode))
             assert a["fwd_total"] + a["bwd_total"] == pytest.approx(b["fwd_total"] + b["bwd_total"])
         for pair in (  # Σ = 1: Megatron-SP on T is tp_msp, the plain form tp; T = 1: sp either way
             (ParallelConfig(scheme="tp_sp", degree=8, tp=8), ParallelConfig(scheme="tp_msp", degree=8)),
             (ParallelConfig(scheme="tp_sp", degree=8, tp=8, msp=False), ParallelConfig(scheme="tp", degree=8)),
             (ParallelConfig(scheme="tp_sp", degree=8, tp=1), ParallelConfig(scheme="sp", degree=8)),
         ):
-            ma, mb = (memory_breakdown(LLAMA7B, replace(p, recompute="full"), seq, 1) for p in pair)
+            ma, mb = (memory_breakdown(replace(p, recompute="full"), Workload(LLAMA7B, seq)) for p in pair)
             # Same state exactly; the working set may differ by one copy: tp_sp with Σ = 1 still attends
             # through attend_shard (two zigzag chunks + cat), whose flattened output W_O saves (Geometry.chunked).
             assert {k: ma[k] for k in ("params", "optimizer")} == {k: mb[k] for k in ("params", "optimizer")}
@@ -180,25 +177,25 @@ def test_parameter_count_and_state_bytes():
     assert non_embedding_params(LLAMA7B) == 8_589_934_592
     par = ParallelConfig(scheme="tsp", degree=8, recompute="full")
     for grad_dtype, k in ((None, 16), ("float32", 18)):
-        m = memory_phases(LLAMA7B, par, S128K, 1, grad_dtype=grad_dtype)["optimizer"]  # every grad exists
+        m = memory_phases(par, Workload(LLAMA7B, S128K), Training(grad_dtype=grad_dtype))["optimizer"]  # every grad
         state = m["params"] + m["grads"] + m["optimizer"]
         sharded_state = state - k * replicated_params(LLAMA7B)  # embedding + LM head + norms on every rank
         assert sharded_state == pytest.approx(k * non_embedding_params(LLAMA7B) / 8)
     assert 16 * non_embedding_params(LLAMA7B) / 8 / 1e9 == pytest.approx(17.18, abs=0.005)  # 17.2 GB/rank
     # sp replicates every weight; TP shards them like TSP
-    sp = memory_breakdown(LLAMA7B, ParallelConfig(scheme="sp", degree=8, recompute="full"), S128K, 1)
+    sp = memory_breakdown(ParallelConfig(scheme="sp", degree=8, recompute="full"), Workload(LLAMA7B, S128K))
     assert sp["params"] == pytest.approx(2 * (non_embedding_params(LLAMA7B) + replicated_params(LLAMA7B)))
     # TP shards the blocks like TSP, and the embedding / LM head by vocabulary (TSP replicates those)
     tp_par = ParallelConfig(scheme="tp", degree=8)
-    tp = memory_breakdown(LLAMA7B, tp_par, S128K, 1)
+    tp = memory_breakdown(tp_par, Workload(LLAMA7B, S128K))
     assert tp["params"] == pytest.approx(2 * (non_embedding_params(LLAMA7B) / 8 + 2 * 32000 * 4096 / 8 + 65 * 4096))
     assert replicated_params(LLAMA7B, par=tp_par) == 65 * 4096 + 2 * 32000 * 4096 / 8
-    tsp_params = memory_breakdown(LLAMA7B, par, S128K, 1)["params"]
+    tsp_params = memory_breakdown(par, Workload(LLAMA7B, S128K))["params"]
     assert tsp_params - tp["params"] == pytest.approx(2 * 2 * 32000 * 4096 * 7 / 8)
 
 
 def test_memory_keys_and_total():
-    m = memory_breakdown(LLAMA7B, ParallelConfig(scheme="tsp", degree=8), 16384, 1)
+    m = memory_breakdown(ParallelConfig(scheme="tsp", degree=8), Workload(LLAMA7B, 16384))
     assert list(m) == [
         "params",
         "grads",
@@ -219,18 +216,18 @@ def test_activation_sharding():
     projection inputs, Q/K/V, the SDPA output and fp32 log-sum-exp, the SwiGLU intermediates (costmodel
     docstrings list each term). Token-sharded schemes divide most of it by D; what they keep whole is the
     scheme's own choice and is asserted here as such."""
-    single = layer_activation_bytes(LLAMA7B, ParallelConfig(), S128K, 1)
+    single = layer_activation_bytes(ParallelConfig(), Workload(LLAMA7B, S128K))
     assert single == S128K * 197_000
     per = {
-        s: layer_activation_bytes(LLAMA7B, ParallelConfig(scheme=s, degree=8), S128K, 1) * 8 / single
+        s: layer_activation_bytes(ParallelConfig(scheme=s, degree=8), Workload(LLAMA7B, S128K)) * 8 / single
         for s in ("tsp", "tp_msp", "sp", "tp")
     }
     assert per["tsp"] < 1  # below 1/D: owner steps are recomputed, only block inputs are kept
     assert 1 < per["sp"] < 2  # 1/D of everything but the full-sequence K/V the all-gather saves
     assert 1 < per["tp_msp"] < 2  # 1/D but the all-gathered GEMM inputs
     assert per["tp"] > 2.5  # TP replicates norms, residuals and GEMM inputs
-    none = memory_breakdown(LLAMA7B, ParallelConfig(scheme="tsp", degree=8), S128K, 1)
-    full = memory_breakdown(LLAMA7B, ParallelConfig(scheme="tsp", degree=8, recompute="full"), S128K, 1)
+    none = memory_breakdown(ParallelConfig(scheme="tsp", degree=8), Workload(LLAMA7B, S128K))
+    full = memory_breakdown(ParallelConfig(scheme="tsp", degree=8, recompute="full"), Workload(LLAMA7B, S128K))
     assert full["activations"] < none["activations"]
 
 
@@ -240,15 +237,15 @@ def test_tsp_buffers_and_forward_mode():
     # the first forward, shared by every layer) and are counted with the activations, with the attention's two.
     shard = 3 * 16384 * 4096 / 8 * 2
     full = ParallelConfig(scheme="tsp", degree=8, recompute="full")
-    assert comm_buffer_bytes(LLAMA7B, full, S128K, 1) == pytest.approx(2 * shard)
+    assert comm_buffer_bytes(full, Workload(LLAMA7B, S128K)) == pytest.approx(2 * shard)
     assert 2 * shard / 1e6 == pytest.approx(100.7, abs=0.05)
     attn_shard = 4 * 4096 * 4096 / 8 * 2
-    assert ring_buffer_bytes(LLAMA7B, full) == pytest.approx(2 * shard + 2 * attn_shard)
-    f = memory_breakdown(LLAMA7B, ParallelConfig(scheme="tsp", degree=8), S128K, 1, mode="forward")
+    assert ring_buffer_bytes(full, Workload(LLAMA7B, S128K)) == pytest.approx(2 * shard + 2 * attn_shard)
+    f = memory_breakdown(ParallelConfig(scheme="tsp", degree=8), Workload(LLAMA7B, S128K, mode="forward"))
     assert f["grads"] == f["optimizer"] == 0
-    assert f["activations"] == ring_buffer_bytes(LLAMA7B, full)  # the persistent ring buffers only
+    assert f["activations"] == ring_buffer_bytes(full, Workload(LLAMA7B, S128K))  # the persistent ring buffers
     assert f["kv_cache"] == pytest.approx(2 * 32 * S128K * 4096 * 2 / 8)  # KV / D
-    tp = memory_breakdown(LLAMA7B, ParallelConfig(scheme="tp", degree=8), S128K, 1, mode="forward")
+    tp = memory_breakdown(ParallelConfig(scheme="tp", degree=8), Workload(LLAMA7B, S128K, mode="forward"))
     assert tp["kv_cache"] == pytest.approx(f["kv_cache"])  # KV / T
 
 
@@ -286,24 +283,25 @@ def test_link_selection_and_overlap():
     assert hw.link(8, p2p=True)[0] == pytest.approx(64e9 * 0.65)
     assert hw.link(16) == (50e9 * 0.65, 10e-6)
     par = ParallelConfig(scheme="tsp", degree=8)
-    none = step_time(LLAMA7B, par, S128K, 1, hw, mode="forward", overlap="none")
-    ideal = step_time(LLAMA7B, par, S128K, 1, hw, mode="forward", overlap="ideal")
+    fwd = Workload(LLAMA7B, S128K, mode="forward")
+    none = step_time(par, fwd, hw, overlap="none")
+    ideal = step_time(par, fwd, hw, overlap="ideal")
     assert none["step_s"] == pytest.approx(none["compute_s"] + none["comm_s"])
     assert ideal["step_s"] == pytest.approx(max(ideal["compute_s"], ideal["comm_s"]))
     assert none["exposed_comm_s"] == pytest.approx(none["comm_s"])
     # compute: the replica's FLOPs split over D ranks at peak × efficiency
-    one = step_time(LLAMA7B, par, S128K, 1, hw, layers=1)
+    one = step_time(par, fwd, hw, layers=1)
     assert one["compute_s"] == pytest.approx(1.6106e9 * S128K / 8 / (1307.4e12 * 0.5), rel=1e-3)
 
 
 def test_cluster_throughput():
     hw = load_hardware("mi300x")
     par = ParallelConfig(scheme="tsp", degree=8)
-    fwd = cluster_throughput(LLAMA7B, par, S128K, 1, hw, 1024, mode="forward", overlap="ideal", layers=1)
+    fwd = cluster_throughput(par, Workload(LLAMA7B, S128K, mode="forward"), hw, 1024, overlap="ideal", layers=1)
     assert fwd["dp_replicas"] == 128 and fwd["dp_allreduce_s"] == 0
     assert fwd["tokens_per_s"] == pytest.approx(128 * S128K / fwd["step_s"])
     assert fwd["tokens_per_s_per_device"] == pytest.approx(fwd["tokens_per_s"] / 1024)
-    train = cluster_throughput(LLAMA7B, replace(par, recompute="full"), S128K, 1, hw, 1024, mode="train")
+    train = cluster_throughput(replace(par, recompute="full"), Workload(LLAMA7B, S128K, mode="train"), hw, 1024)
     assert train["dp_allreduce_s"] > 0 and train["step_s"] > fwd["step_s"]
 
 
@@ -414,13 +412,13 @@ def test_edge_collectives_move_what_comm_embed_head_counts(scheme, tp, vocab):
     """The time model's once-per-step embedding/head collectives receive exactly the volume of
     costmodel.comm_embed_head (which test_accounting binds to the code's CommLog)."""
     from tspbench.predict.costmodel import comm_embed_head
-    from tspbench.predict.costmodel.time import edge_collectives, received_elems
+    from tspbench.predict.costmodel.collectives import edge_collectives, received_elems
 
     par = ParallelConfig(scheme=scheme, degree=8, tp=tp, vocab=vocab)
     for mode in ("forward", "train"):
-        colls = edge_collectives(LLAMA7B, par, S128K, 1, mode=mode)
+        colls = edge_collectives(par, Workload(LLAMA7B, S128K, mode=mode))
         got = sum(c * received_elems(op, p, n) for op, p, n, _, c in colls)
-        want = sum(v["fwd"] + v["bwd"] for v in comm_embed_head(LLAMA7B, par, S128K, 1, mode=mode).values())
+        want = sum(v["fwd"] + v["bwd"] for v in comm_embed_head(par, Workload(LLAMA7B, S128K, mode=mode)).values())
         assert got == pytest.approx(want, rel=1e-12, abs=0)
         assert (got > 0) == (par.vocab_degree > 1 or scheme == "fsdp_sp")
 
@@ -433,7 +431,7 @@ def test_decode_collectives_move_what_comm_decode_counts(scheme, tp):
     """The time model's decode collectives receive costmodel.comm_decode_per_layer, which test_decode binds
     to the CommLog of real decode steps."""
     from tspbench.predict.costmodel import comm_decode_per_layer
-    from tspbench.predict.costmodel.time import decode_collectives, received_elems
+    from tspbench.predict.costmodel.collectives import decode_collectives, received_elems
 
     par = ParallelConfig(scheme=scheme, degree=8, tp=tp)
     got = sum(c * received_elems(op, p, n) for op, p, n, _, c in decode_collectives(LLAMA7B, par, 4))
@@ -449,9 +447,9 @@ def test_decode_step_time_terms():
 
     hw = load_hardware("mi300x")
     tp, tsp = (ParallelConfig(scheme=s, degree=8) for s in ("tp", "tsp"))
-    t_tp, t_tsp = (decode_step_time(LLAMA7B, p, S128K, 1, hw) for p in (tp, tsp))
+    t_tp, t_tsp = (decode_step_time(p, Workload(LLAMA7B, S128K), hw) for p in (tp, tsp))
     assert t_tp["memory_s"] == pytest.approx(
-        (params_per_device(LLAMA7B, tp) * 2 + kv_cache_bytes(LLAMA7B, tp, S128K, 1)) / hw.mem_bw
+        (params_per_device(LLAMA7B, tp) * 2 + kv_cache_bytes(tp, Workload(LLAMA7B, S128K))) / hw.mem_bw
     )
     assert t_tsp["kv_cache_bytes"] == t_tp["kv_cache_bytes"] == 2 * 32 * S128K * 4096 * 2 / 8
     assert t_tsp["comm_s"] > 1.8 * t_tp["comm_s"]
@@ -478,10 +476,12 @@ def test_kv_replication_llama70b_shape_at_d16():
         assert kv_grad_sync_group(m, par) == (L * 2 * h * d, 2)
     tsp = ParallelConfig("tsp", 16)
     assert grad_sync_elems(m, tsp) == pytest.approx(2 * L * 2 * h * d / 2 + 2 * (2 * L + 1 + 2 * 32000) * h * 15 / 16)
-    assert comm_per_layer(m, tsp, 1024, 1)["fwd"]["kv"] == pytest.approx(2 * 1024 * 16 * d * 15 / 16)  # 16 heads
+    assert comm_per_layer(tsp, Workload(m, 1024, mode="forward"))["fwd"]["kv"] == pytest.approx(
+        2 * 1024 * 16 * d * 15 / 16
+    )  # 16 heads
     # the cache: 1 KV head per rank (tp) or 16 (every owner's) of 1/16 of the tokens (tsp): 2× the 8-head cache
-    assert kv_cache_bytes(m, ParallelConfig("tp", 16), 1024, 1) == 2 * L * 1024 * d * 2
-    assert kv_cache_bytes(m, tsp, 1024, 1) == 2 * L * 1024 / 16 * 16 * d * 2
+    assert kv_cache_bytes(ParallelConfig("tp", 16), Workload(m, 1024)) == 2 * L * 1024 * d * 2
+    assert kv_cache_bytes(tsp, Workload(m, 1024)) == 2 * L * 1024 / 16 * 16 * d * 2
     assert kv_grad_sync_group(m, ParallelConfig("tp_sp", 32, tp=16)) == (L * 2 * h * d, 4)  # 2 replicas × Σ = 2
     assert kv_grad_sync_group(m, ParallelConfig("tp", 8)) == (0.0, 1)  # T ≤ n_kv: KV heads split, nothing extra
 
@@ -497,13 +497,14 @@ def test_schedule_overlap_follows_the_code():
     for scheme, tp in (("tp", 0), ("tp_msp", 0), ("sp", 0), ("tp_sp", 2)):
         par = ParallelConfig(scheme=scheme, degree=8, tp=tp, recompute="full")
         none, sched = (
-            cluster_throughput(LLAMA7B, par, S128K, 1, hw, 64, mode="train", overlap=o) for o in ("none", "schedule")
+            cluster_throughput(par, Workload(LLAMA7B, S128K, mode="train"), hw, 64, overlap=o)
+            for o in ("none", "schedule")
         )
         assert sched["step_s"] == pytest.approx(none["step_s"])
     for rc in ("none", "full"):  # FSDP2 prefetch: the unit all-gather / reduce-scatter hide behind a layer's compute
         par = ParallelConfig(scheme="fsdp_sp", degree=8, recompute=rc)
         t = {
-            o: cluster_throughput(LLAMA7B, par, S128K, 1, hw, 64, mode="train", overlap=o)
+            o: cluster_throughput(par, Workload(LLAMA7B, S128K, mode="train"), hw, 64, overlap=o)
             for o in ("none", "schedule", "ideal")
         }
         assert t["ideal"]["step_s"] < t["schedule"]["step_s"] < t["none"]["step_s"]
@@ -511,11 +512,11 @@ def test_schedule_overlap_follows_the_code():
     for buckets in (0, 1):
         par = ParallelConfig(scheme="tsp", degree=8, recompute="full", kv_bucket_heads=buckets)
         t = {
-            o: cluster_throughput(LLAMA7B, par, S128K, 1, hw, 64, mode="train", overlap=o)
+            o: cluster_throughput(par, Workload(LLAMA7B, S128K, mode="train"), hw, 64, overlap=o)
             for o in ("none", "schedule", "ideal")
         }
         assert t["ideal"]["step_s"] < t["schedule"]["step_s"] < t["none"]["step_s"]
-        by_bucket[buckets] = schedule_exposed_comm_s(LLAMA7B, par, S128K, 1, hw, mode="train", dtype="bfloat16")
+        by_bucket[buckets] = schedule_exposed_comm_s(par, Workload(LLAMA7B, S128K, mode="train"), hw)
     assert by_bucket[1] < by_bucket[0]
 
 
@@ -542,7 +543,7 @@ def test_calibration_file_replaces_the_assumed_efficiencies(tmp_path):
     cal = load_hardware("h200", tmp_path)
     assert cal.efficiency_source == "calibrated (h200.calibration.json)" and cal.attention_forward_efficiency == 0.25
     par = ParallelConfig(scheme="tsp", degree=8, recompute="full")
-    slow, fast = (step_time(LLAMA7B, par, S128K, 1, h, mode="train")["compute_s"] for h in (cal, plain))
+    slow, fast = (step_time(par, Workload(LLAMA7B, S128K, mode="train"), h)["compute_s"] for h in (cal, plain))
     assert slow > 1.2 * fast  # attention dominates at 128K, now at half the GEMM rate
     calib["efficiency"]["gemm"] = 1.5
     (tmp_path / "h200.calibration.json").write_text(json.dumps(calib))
@@ -563,11 +564,11 @@ def test_fsdp_sp_shards_model_state_over_dp_times_sigma(dp):
     total = LLAMA7B.n_layers * (layer_weight_params(LLAMA7B) + 2 * LLAMA7B.dim) + LLAMA7B.dim
     total += 2 * LLAMA7B.vocab_size * LLAMA7B.dim
     assert params_per_device(LLAMA7B, par) == pytest.approx(total / n)
-    mem = memory_breakdown(LLAMA7B, par, S128K, 1)
+    mem = memory_breakdown(par, Workload(LLAMA7B, S128K))
     assert mem["optimizer"] == pytest.approx(12 * total / n) and mem["params"] == pytest.approx(2 * total / n)
-    sp = memory_breakdown(LLAMA7B, ParallelConfig(scheme="sp", degree=8), S128K, 1)
+    sp = memory_breakdown(ParallelConfig(scheme="sp", degree=8), Workload(LLAMA7B, S128K))
     assert mem["total"] < sp["total"] / 4  # SP replicates the 7B model's state; FSDP×SP does not
-    c = comm_per_layer(LLAMA7B, replace(par, recompute="none"), S128K, 1, mode="train")
+    c = comm_per_layer(replace(par, recompute="none"), Workload(LLAMA7B, S128K, mode="train"))
     unit = layer_weight_params(LLAMA7B) + 2 * LLAMA7B.dim
     kv = 2 * S128K * LLAMA7B.dim * 7 / 8
     assert c["fwd_total"] == pytest.approx(unit * (n - 1) / n + kv)

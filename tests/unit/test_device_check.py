@@ -50,7 +50,8 @@ def test_gpu_check_flags_parse(tmp_path, capsys):
 
 
 def test_smoke_overrides_compose_to_single_gpu_runs(tmp_path):
-    from tspbench.run.grid import compose_experiment, expand_grid
+    from tspbench.run.experiment import compose_experiment
+    from tspbench.run.grid import expand_grid
 
     cmd = _commands(tmp_path)[3]
     overrides = [a for a in cmd[cmd.index("tspbench") + 1 :] if not a.startswith("hydra.")]

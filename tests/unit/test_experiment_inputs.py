@@ -1,7 +1,7 @@
 """The experiment CLI (`python -m tspbench`) refuses what cannot be meant with one line naming the field and
-the allowed values, before Hydra makes a directory and before any rank starts (issue 11, §1); verify's
-spellings mean the same here; exit codes count grid points (§3); `python -m tspbench.report` never builds a
-silent empty report (§3). Config-level only: nothing here starts a rank."""
+the allowed values, before Hydra makes a directory and before any rank starts; verify's spellings mean the same
+here; exit codes count grid points; `python -m tspbench.report` never builds a silent empty report. Config-level
+only: nothing here starts a rank."""
 
 from __future__ import annotations
 
@@ -17,12 +17,13 @@ from tspbench.__main__ import precheck_argv
 from tspbench.record.schema import current_records
 from tspbench.record.spec import RunSpec
 from tspbench.run.checks import grid_outcome, precheck
-from tspbench.run.grid import compose_experiment, expand_grid
+from tspbench.run.experiment import compose_experiment
+from tspbench.run.grid import expand_grid
 from tspbench.run.memfit import memory_refusal
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# (command line, the one line it must get): the tally of issue 11's bad inputs
+# (command line, the one line it must get): the tally of bad inputs
 BAD = [
     (["+exp=smoke", "+seq_lenn=128"], "seq_lenn is not a key: did you mean seq_len? allowed: exp_name,"),
     (["+exp=smoke", "sheme=tsp"], "sheme is not a key: did you mean scheme?"),

@@ -11,7 +11,7 @@ import pytest
 
 from tspbench.config import ModelConfig
 from tspbench.parallel import ParallelConfig
-from tspbench.predict.costmodel import comm_per_layer, params_per_device
+from tspbench.predict.costmodel import Workload, comm_per_layer, params_per_device
 from tspbench.record import guards
 from tspbench.record.store import append_record
 
@@ -46,7 +46,7 @@ def good() -> dict:
             "tokens_per_s_per_device": 1e5,
             "peak_allocated_gib": 1.0,
             "mem_params_gib": params_per_device(model, par) * 2 / GIB,
-            "comm_bytes_per_layer_fwd": comm_per_layer(model, par, 128, 1, mode="train")["fwd_total"] * 2,
+            "comm_bytes_per_layer_fwd": comm_per_layer(par, Workload(model, 128, 1, mode="train"))["fwd_total"] * 2,
         },
     }
 

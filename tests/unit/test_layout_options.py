@@ -53,14 +53,13 @@ def test_experiment_spec_and_records(par):
     from tspbench.record.offline import estimated_record, modelled_record
     from tspbench.record.schema import base_record
     from tspbench.record.spec import RunSpec
-    from tspbench.run.grid import compose_experiment, expand_grid
+    from tspbench.run.experiment import compose_experiment
+    from tspbench.run.grid import expand_grid
 
-    # the experiment's singular keys replace a grid axis: only those of options the scheme takes (msp is a grid
-    # axis of scheme_opts only)
-    opts = [f"scheme_opts.{par.scheme}.msps=[{str(par.msp).lower()}]"] if "msp" in par.options() else []
-    taken = ("scheme=", "dp=", "recompute=", *(f"{k}=" for k in par.options() if k != "msp"))
+    # the experiment's singular keys replace a grid axis; those of an option refuse a grid without a scheme taking it
+    taken = ("scheme=", "dp=", "recompute=", *(f"{k}=" for k in par.options()))
     keys = [o for o in _overrides(par) if o.startswith(taken)]
-    cfg = compose_experiment(["+exp=smoke", f"seq_len={SEQ}", f"degree={par.degree}", "hardware=h100", *keys, *opts])
+    cfg = compose_experiment(["+exp=smoke", f"seq_len={SEQ}", f"degree={par.degree}", "hardware=h100", *keys])
     (spec,) = expand_grid(cfg)
     assert spec.parallel() == par
     assert RunSpec.from_json(spec.to_json()).parallel() == par  # what the worker reads

@@ -14,7 +14,7 @@ from tspbench.config import model_preset
 from tspbench.paper.tables import PAPER_MEMORY_SETTING
 from tspbench.parallel import ParallelConfig
 from tspbench.predict import planner
-from tspbench.predict.costmodel import load_hardware, memory_breakdown
+from tspbench.predict.costmodel import Workload, load_hardware, memory_breakdown
 
 S128K = 131072
 LLAMA7B = model_preset("llama7b")
@@ -132,12 +132,13 @@ def test_plan_cli_bad_input_one_line(argv, needle, capsys):
 
 
 def test_report_page_from_plan_records(tmp_path):
+    from tspbench.record.store import read_records, write_records
     from tspbench.report.pareto import pareto_section
 
     ranked = planner.plan(LLAMA7B, 32768, 16, "h100", max_degree=8)[0]
     recs = planner.plan_records(ranked, model="llama7b", seq_len=32768, gpus=16, hardware="h100", overlap="ideal")
-    (tmp_path / "plan.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
-    html = str(pareto_section([tmp_path]))
+    write_records(tmp_path / "plan.jsonl", recs, kind="plan")
+    html = str(pareto_section(read_records([tmp_path], kind="plan")))
     assert 'id="fig-pareto-0-img"' in html and "data:image/svg+xml" in html and "16 × h100" in html
     assert html.count("<tr><td>") == sum(r["pareto"] for r in recs)  # the front's table: one row per front layout
 
@@ -161,7 +162,7 @@ def test_plan_memory_equals_estimate_on_paper_setting(name):
     par = ParallelConfig(**PAPER_8[name], degree=8, recompute=PAPER_MEMORY_SETTING.recompute)
     ranked, _ = planner.plan(LLAMA7B, S128K, 8, "mi300x", max_degree=8, batches=(PAPER_MEMORY_SETTING.batch,))
     mine = [x for x in ranked if x.par == par]
-    want = memory_breakdown(LLAMA7B, par, S128K, PAPER_MEMORY_SETTING.batch)["total"]
+    want = memory_breakdown(par, Workload(LLAMA7B, S128K, PAPER_MEMORY_SETTING.batch))["total"]
     assert mine and mine[0].mem_bytes == want
     est = estimate(LLAMA7B, par, S128K, PAPER_MEMORY_SETTING.batch, hardware="h100")
     assert want == pytest.approx(est["mem_bytes"]["total"], rel=0.01)
@@ -176,4 +177,7 @@ def test_plan_record_keys_are_documented():
     }
     ranked = planner.plan(LLAMA7B, 32768, 8, "h100", max_degree=8, batches=(1,))[0]
     rec = planner.plan_records(ranked, model="llama7b", seq_len=32768, gpus=8, hardware="h100", overlap="none")[0]
-    assert set(rec) == documented
+    from tspbench.record.kinds import guard_kind  # the writer's guard adds status (and, when it fails, the reasons)
+
+    assert set(guard_kind(rec, "plan")) == set(rec) | {"status"}
+    assert set(guard_kind({**rec, "mem_bytes": -1.0}, "plan")) == documented

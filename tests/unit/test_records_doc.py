@@ -17,7 +17,7 @@ from tspbench.measure.energy import EnergyResult
 from tspbench.record.measured import build_record
 from tspbench.record.offline import estimated_record, modelled_record
 from tspbench.record.spec import RunSpec
-from tspbench.run.launch import _failure_record
+from tspbench.run.supervise import _failure_record
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "records.md"
 TINY = dict(name="tiny", vocab_size=128, dim=64, n_layers=2, n_heads=8, n_kv_heads=8, ffn_hidden=128)

@@ -1,11 +1,15 @@
-"""The HTML report: tables, exports and self-containment, from synthetic records (no runs, no browser)."""
+"""The HTML report: tables, exports and self-containment, from synthetic records (no runs, no browser); and the
+report as a reader only: each input read once, no planner / validator / estimate run inside it, no file it was not
+given, no re-reading of its own exports, and every memory figure it prints in GB."""
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pandas as pd
@@ -22,15 +26,37 @@ pytestmark = pytest.mark.xdist_group("report")
 REPO = Path(__file__).resolve().parents[2]
 
 
+FORBIDDEN = (  # what the report must never run: it reads records (tspbench/report/build.py)
+    "tspbench.predict.planner.plan",
+    "tspbench.predict.planner.plan_records",
+    "tspbench.predict.planner.pareto_front",
+    "tspbench.predict.published.load_rows",
+    "tspbench.predict.published.predict",
+    "tspbench.predict.published.record",
+    "tspbench.predict.published.validation_errors",
+    "tspbench.predict.estimate.estimate",
+    "tspbench.run.context.write_context_records",
+)
+
+
+def forbid(mp: pytest.MonkeyPatch) -> None:
+    """Every planner / validator / estimate entry fails loudly if the report calls it."""
+    for target in FORBIDDEN:
+
+        def fail(*a, _t=target, **k):
+            raise AssertionError(f"the report called {_t}")
+
+        mp.setattr(target, fail)
+
+
 @pytest.fixture(scope="module")
 def report(tmp_path_factory) -> tuple[Path, str, pd.DataFrame]:
     tmp = tmp_path_factory.mktemp("report")
     src = rf.write_records(tmp / "results" / "run.jsonl")
-    # Without validation records among the inputs the report falls back to the repo's results/validation.jsonl (a
-    # local `python -m tspbench.validate` leaves one): point that at an empty folder so the fixture is hermetic.
+    ctx = rf.write_context(tmp / "results")  # validation.jsonl, plan.jsonl: what an experiment writes beside its runs
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("tspbench.report.trust.results_dir", lambda: tmp / "results")
-        html = build_report([src], out=tmp / "out" / "fixture.html", title="fixture report", claims=rf.CLAIMS)
+        forbid(mp)
+        html = build_report([src, *ctx], out=tmp / "out" / "fixture.html", title="fixture report", claims=rf.CLAIMS)
     return html, html.read_text(), pd.read_csv(html.with_suffix(".csv"))
 
 
@@ -133,9 +159,9 @@ def test_figures_inline_and_no_external_urls(report):
     assert srcs, "expected figure sources and export links"
     assert not [s for s in srcs if re.match(r"(?i)(https?:|//|ftp:)", s)]
     assert "<link" not in text and not re.search(r"<script[^>]*\ssrc=", text)
-    imgs = re.findall(r'<img id="(fig-[a-z-]+)-img" src="data:image/svg\+xml;base64,', text)
-    # The full fixture has data for every figure.
-    assert set(imgs) == {fid for fid, _, _ in FIGURES}
+    imgs = re.findall(r'<img id="(fig-[a-z0-9-]+)-img" src="data:image/svg\+xml;base64,', text)
+    # The full fixture has data for every figure, the trust section's scatter and the paper setting's Pareto front.
+    assert set(imgs) == {fid for fid, _, _ in FIGURES} | {"fig-trust", "fig-pareto-0"}
 
 
 def test_provenance_collapsible(report):
@@ -241,3 +267,170 @@ def test_figure_legends_sit_outside_the_data(tmp_path):
             labels = [t for ax in fig.axes for t in ax.get_legend_handles_labels()[1]]
             assert any(t.startswith("paper") for t in labels), f"{fid}: no published value drawn"
     assert checked >= 5
+
+
+# ---------------------------------------------------------------- the report reads records, nothing else ----------
+
+
+def test_trust_and_pareto_sections_from_the_given_records(report):
+    text = report[1]
+    trust = text[text.index('id="trust"') : text.index('id="pareto"')]
+    assert 'id="trust-table"' in trust and 'id="fig-trust-img"' in trust and "tt_a100_llama3_8b_sel_op" in trust
+    pareto = text[text.index('id="pareto"') : text.index('id="failures"')]
+    assert 'id="fig-pareto-0-img"' in pareto and "llama7b, S = 131,072, 1,024 × mi300x, overlap schedule" in pareto
+    assert "No validation records" not in text and "No plan records" not in text
+
+
+def test_printed_memory_is_in_gb(report):
+    """Records store GiB (plan records: bytes); every memory figure the report prints says GB, and the Pareto
+    front's memory column is bytes / 1e9."""
+    text = report[1]
+    for section in ('id="trust"', 'id="pareto"', 'id="summary-table"'):
+        part = text[text.index(section) : text.index("</table>", text.index(section))]
+        assert "GiB" not in part, section
+    assert "peak memory (GB)" in text and "Memory per device (GB)" in text
+    from tspbench.record.store import read_records
+
+    plans = read_records([report[0].parents[1] / "results" / "plan.jsonl"], kind="plan")
+    front = sorted((r for r in plans if r["pareto"]), key=lambda r: r["mem_bytes"])
+    table = text[text.index('id="pareto-table-0"') :]
+    cells = re.findall(r"<tr><td>[^<]*</td><td>\d+</td><td>([\d.]+)</td>", table.split("</table>")[0])
+    assert cells == [f"{r['mem_bytes'] / 1e9:.1f}" for r in front]
+
+
+def test_each_input_is_read_once(tmp_path, monkeypatch):
+    """One pass over the inputs returns every kind: a file named twice (itself and inside its directory) and the
+    plan and validation files are each read exactly once, though three sections use them."""
+    from tspbench.record import store
+
+    src = rf.write_minimal(tmp_path / "in" / "run.jsonl")
+    ctx = rf.write_context(tmp_path / "in")
+    reads: Counter = Counter()
+    real = store.read_file
+
+    def counting(path):
+        reads[Path(path).resolve()] += 1
+        return real(path)
+
+    monkeypatch.setattr(store, "read_file", counting)
+    forbid(monkeypatch)
+    text = build_report([src, tmp_path / "in", *ctx], out=tmp_path / "out" / "r.html", claims=[]).read_text()
+    assert set(reads) == {p.resolve() for p in (src, *ctx)} and set(reads.values()) == {1}, reads
+    assert 'id="trust-table"' in text and 'id="fig-pareto-0-img"' in text
+
+
+def test_builds_without_plan_or_validation_records_and_names_the_commands(tmp_path, monkeypatch):
+    """Without plan or validation records among its inputs the report says so, with the command that writes them,
+    and reads no file it was not given (not results/validation.jsonl or results/plan.jsonl of the working
+    directory), plans nothing and predicts nothing."""
+    from tspbench.report.pareto import PLAN_COMMAND
+    from tspbench.report.trust import VALIDATE_COMMAND
+
+    ctx = rf.write_context(tmp_path / "results")  # present in the working directory, not given
+    monkeypatch.chdir(tmp_path)
+    src = rf.write_minimal(tmp_path / "runs" / "run.jsonl")
+    opened: list[Path] = []
+    real = Path.read_text
+
+    def read_text(self, *a, **k):
+        opened.append(self.resolve())
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(Path, "read_text", read_text)
+    forbid(monkeypatch)
+    text = build_report([src], out=tmp_path / "out" / "r.html", claims=[]).read_text()
+    assert not {p.resolve() for p in ctx} & set(opened)
+    trust = text[text.index('id="trust"') : text.index('id="pareto"')]
+    pareto = text[text.index('id="pareto"') : text.index('id="failures"')]
+    assert f"<code>{VALIDATE_COMMAND}</code>" in trust and 'id="trust-table"' not in trust
+    assert f"<code>{PLAN_COMMAND}</code>" in pareto and "<figure" not in pareto
+    assert len(re.findall(r'<p class="nodata" id="(?:trust|pareto)-none">', text)) == 2
+
+
+def test_named_commands_write_what_the_sections_read():
+    """The plan command the Pareto page names is the paper's setting (predict/planner.py PAPER_SETTING) under the
+    planner's default overlap, the one the run flow writes (tspbench.run.context)."""
+    from tspbench import plan
+    from tspbench.predict.planner import PAPER_SETTING
+    from tspbench.report.pareto import PLAN_COMMAND
+    from tspbench.report.trust import VALIDATE_COMMAND
+    from tspbench.run.context import PLAN_OVERLAP
+
+    args = dict(a.split("=", 1) for a in PLAN_COMMAND.split()[3:])
+    assert {k: args[k] for k in PAPER_SETTING} == {k: str(v) for k, v in PAPER_SETTING.items()}
+    assert "overlap" not in args and plan.DEFAULTS["overlap"] == PLAN_OVERLAP and args["out"].endswith(".jsonl")
+    assert VALIDATE_COMMAND.startswith("python -m tspbench.validate --out ")
+
+
+def test_report_imports_no_planner_validator_or_estimate():
+    """No module of tspbench/report imports the planner, the published-run predictions, the estimate, the run
+    flow's context writer or an entry point (ast, function-level imports included)."""
+    banned = (
+        "tspbench.predict.planner",
+        "tspbench.predict.published",
+        "tspbench.predict.estimate",
+        "tspbench.predict.costmodel",
+        "tspbench.run",
+        "tspbench.validate",
+        "tspbench.plan",
+        "tspbench.estimate",
+    )
+    bad = []
+    for path in (REPO / "tspbench" / "report").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
+            bad += [f"{path.name}: {n}" for n in names if any(n == b or n.startswith(b + ".") for b in banned)]
+    assert not bad, bad
+
+
+def test_finish_prints_the_claim_rows_it_built_without_reading_its_exports(tmp_path, monkeypatch, capsys):
+    import tspbench.report as report_pkg
+
+    monkeypatch.setattr("tspbench.paths.reports_dir", lambda: tmp_path / "reports")
+    monkeypatch.setattr("tspbench.report.build.load_claim_list", lambda: (rf.CLAIMS, "fixture"))
+    src = rf.write_records(tmp_path / "results" / "run.jsonl")
+    real = Path.read_text
+
+    def read_text(self, *a, **k):
+        assert self.suffix not in (".md", ".csv", ".html"), f"finish re-read its own output {self}"
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(Path, "read_text", read_text)
+    html = report_pkg.finish([src], "fixture")
+    out = capsys.readouterr().out.splitlines()
+    monkeypatch.setattr(Path, "read_text", real)
+    md = html.with_suffix(".md").read_text().splitlines()
+    matched = [line for line in md[2:] if line.split("|")[3].strip() != "—"]
+    assert out[0] == "claimed vs reproduced:" and out[1:3] == md[:2] and out[3:-1] == matched and matched
+    assert out[-1] == f"report: {html}"
+
+
+def test_pareto_page_leaves_implausible_plan_records_out(tmp_path):
+    """A plan record the writer's guard marked implausible is named in a count, never drawn or tabled."""
+    from tspbench.record.store import read_records, write_records
+    from tspbench.report.pareto import pareto_section
+
+    ctx = rf.write_context(tmp_path)
+    plans = read_records([ctx[1]], kind="plan")
+    lean = min((r for r in plans if r["pareto"]), key=lambda r: r["mem_bytes"])
+    written = write_records(tmp_path / "bad.jsonl", [{**lean, "tokens_per_s_cluster": -1.0}], kind="plan")
+    assert written[0]["status"] == "implausible"
+    others = [r for r in plans if r is not lean]
+    html = str(pareto_section([*others, *written]))
+    assert "1 implausible record(s) left out" in html and f"<td>{lean['layout']}</td>" not in html
+
+
+def test_report_modules_stay_small():
+    """Every module of tspbench/report is at most 400 lines and every function at most 80."""
+    for path in (REPO / "tspbench" / "report").glob("*.py"):
+        text = path.read_text()
+        assert len(text.splitlines()) <= 400, path.name
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.FunctionDef):
+                assert node.end_lineno - node.lineno + 1 <= 80, f"{path.name}: {node.name}"

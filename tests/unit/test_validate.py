@@ -1,7 +1,8 @@
-"""tspbench.validate: the repo's published rows load (three or more independent sources), every row keeps its
-source and subset, in-scope rows get a prediction and an error per published quantity (FSDP memory included),
-the FLOPs conventions are the papers' formulas, out-of-scope rows are kept (never dropped), the records' keys are
-documented in docs/records.md, and bad input gives one actionable line and a non-zero exit."""
+"""tspbench.predict.published and its command line tspbench.validate: the repo's published rows load (three or more
+independent sources), every row keeps its source and subset, in-scope rows get a prediction and an error per
+published quantity (FSDP memory included), the FLOPs conventions are the papers' formulas, out-of-scope rows are
+kept (never dropped), the records' keys are documented in docs/records.md, bad input gives one actionable line and
+a non-zero exit, and the entry point holds the command line only."""
 
 from __future__ import annotations
 
@@ -12,13 +13,14 @@ from pathlib import Path
 import pytest
 
 from tspbench import validate
+from tspbench.predict import published
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "records.md"
 
 
 @pytest.fixture(scope="module")
-def rows() -> list[validate.Row]:
-    return validate.load_rows(validate.default_files())
+def rows() -> list[published.Row]:
+    return published.load_rows(published.default_files())
 
 
 def test_published_rows_meet_the_issue_minimums(rows):
@@ -33,7 +35,7 @@ def test_published_rows_meet_the_issue_minimums(rows):
 
 def test_every_in_scope_quantity_is_predicted_or_says_why(rows):
     for row in rows:
-        rec = validate.record(row)
+        rec = published.record(row)
         if row.out_of_scope:
             assert rec["status"] == "out_of_scope" and rec["out_of_scope"]
             continue
@@ -47,12 +49,12 @@ def test_fsdp_rows_get_a_memory_prediction_and_a_published_memory_row_is_in_scop
     fsdp = [r for r in rows if r.layout.get("fsdp") and not r.out_of_scope]
     assert fsdp
     for row in fsdp:
-        assert validate.memory_parallel(row, None).scheme == "fsdp_sp"
-        assert validate.predict(row)["peak_mem_gib"] > 0
+        assert published.memory_parallel(row, None).scheme == "fsdp_sp"
+        assert published.predict(row)["peak_mem_gib"] > 0
     mem_rows = [r for r in rows if "peak_mem_gib" in r.measured and not r.out_of_scope]
     assert mem_rows
     for row in mem_rows:
-        rec = validate.record(row)
+        rec = published.record(row)
         assert "peak_mem_gib" in rec["error_pct"] and not rec["quantity_out_of_scope"]
 
 
@@ -63,14 +65,14 @@ def test_megatron_eq3_is_the_papers_formula():
     m = ModelConfig(vocab_size=51200, dim=2304, n_layers=24, n_heads=24, n_kv_heads=24, ffn_hidden=6144)
     s, h, l, v = 2048, 2304, 24, 51200
     eq3 = 96 * l * h**2 * (1 + s / (6 * h) + v / (16 * l * h))
-    assert validate.published_flops_per_token(m, s, "megatron_eq3") == pytest.approx(eq3, rel=1e-3)
+    assert published.published_flops_per_token(m, s, "megatron_eq3") == pytest.approx(eq3, rel=1e-3)
     palm = 72 * l * h**2 * (1 + s / (6 * h) + v / (12 * h * l))  # Korthikanti et al. Eq. 7 = 6N + 12·L·h·S
-    assert validate.published_flops_per_token(m, s, "palm") == pytest.approx(palm, rel=1e-3)
+    assert published.published_flops_per_token(m, s, "palm") == pytest.approx(palm, rel=1e-3)
 
 
 def test_error_is_signed_relative_to_published(rows):
     row = next(r for r in rows if "tokens_per_s_per_gpu" in r.measured and not r.out_of_scope)
-    rec = validate.record(row)
+    rec = published.record(row)
     pub, pred = row.measured["tokens_per_s_per_gpu"], rec["predicted"]["tokens_per_s_per_gpu"]
     assert rec["error_pct"]["tokens_per_s_per_gpu"] == pytest.approx(100 * (pred - pub) / pub)
 
@@ -81,7 +83,7 @@ def test_summary_separates_subsets():
         {"subset": "validation", "error_pct": {"mfu_pct": 30.0}},
         {"subset": "validation", "error_pct": {"mfu_pct": -10.0}},
     ]
-    s = validate.summary(recs)
+    s = published.summary(recs)
     assert s["calibration"]["mfu_pct"]["median_abs_pct"] == 10.0
     assert s["validation"]["mfu_pct"] == {"median_abs_pct": 20.0, "worst_abs_pct": 30.0, "n": 2}
 
@@ -90,7 +92,7 @@ def test_record_keys_are_documented(rows):
     doc = DOC.read_text()
     section = doc[doc.index("## Validation records") :]
     keys = set(re.findall(r"`([a-z0-9_]+)`", section))
-    rec = validate.record(next(r for r in rows if not r.out_of_scope))
+    rec = published.record(next(r for r in rows if not r.out_of_scope))
     assert set(rec) <= keys, set(rec) - keys
 
 
@@ -98,7 +100,7 @@ def test_cli_writes_jsonl_and_rejects_bad_input(tmp_path, capsys):
     out = tmp_path / "v.jsonl"
     assert validate.main(["--out", str(out)]) == 0
     lines = [json.loads(x) for x in out.read_text().splitlines()]
-    assert len(lines) == len(validate.load_rows(validate.default_files()))
+    assert len(lines) == len(published.load_rows(published.default_files()))
     assert "validation" in capsys.readouterr().out
     bad = tmp_path / "bad.yaml"
     bad.write_text("rows:\n  - {id: x, subset: test}\n")
@@ -110,3 +112,15 @@ def test_cli_writes_jsonl_and_rejects_bad_input(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "flops" in err[0] and "megatron_eq3" in err[0]
     assert validate.main([str(tmp_path / "missing.yaml")]) == 2
+
+
+def test_the_entry_point_is_only_the_command_line():
+    """tspbench/validate.py parses, prints and writes (through tspbench.record); the rows, predictions, errors and
+    summary are tspbench/predict/published.py's, which the planner and the README's headline import."""
+    import ast
+    import inspect
+
+    tree = ast.parse(inspect.getsource(validate))
+    defs = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    assert defs == {"render", "main"}
+    assert validate.write_records.__module__ == "tspbench.record.store"

@@ -17,7 +17,7 @@ import pandas as pd
 
 from tspbench.paper.tables import LLAMA7B, N_GPUS, PAPER_MEMORY_SETTING, SEQ_128K
 from tspbench.parallel import ALL_EXCHANGES, LayoutOptions, ParallelConfig, layouts
-from tspbench.predict.costmodel import cluster_throughput, load_hardware, memory_breakdown
+from tspbench.predict.costmodel import Workload, cluster_throughput, load_hardware, memory_breakdown
 
 GPUS_PER_REPLICA = 8
 
@@ -38,8 +38,9 @@ def headline_table(seq_len: int = SEQ_128K, hw_name: str = "mi300x", n_gpus: int
     rows = []
     for par in candidates():
         par = replace(par, recompute=PAPER_MEMORY_SETTING.recompute)
-        mem = memory_breakdown(LLAMA7B, par, seq_len, 1, mode="train", dtype="bfloat16")["total"]
-        t = cluster_throughput(LLAMA7B, par, seq_len, 1, hw, n_gpus, mode="train", overlap="schedule")
+        work = Workload(LLAMA7B, seq_len, 1, mode="train", dtype="bfloat16")
+        mem = memory_breakdown(par, work)["total"]
+        t = cluster_throughput(par, work, hw, n_gpus, overlap="schedule")
         rows.append(
             {
                 "layout": par.label(),
@@ -84,7 +85,7 @@ def headline_markdown() -> str:
             f"| {r.layout} | {r.memory_gb:.1f} | {r.tokens_per_s_per_gpu:,.0f} | {r.tokens_per_s_per_replica:,.0f} | "
             f"{r.tokens_per_s_cluster / 1e6:.2f}M |"
         )
-    from tspbench.validate import validation_errors
+    from tspbench.predict.published import validation_errors
 
     val = validation_errors()
     names = {

@@ -36,6 +36,8 @@ from tspbench.config import ModelConfig, model_preset
 from tspbench.paper.claims import load_claims
 from tspbench.parallel import LayoutOptions, ParallelConfig, layouts
 from tspbench.predict.costmodel import (
+    Training,
+    Workload,
     cluster_throughput,
     comm_per_layer,
     crossover_tokens,
@@ -96,15 +98,9 @@ def _memory_rows(setting: MemorySetting, hw_name: str = "mi300x") -> pd.DataFram
     for seq_len, par in itertools.product((SEQ_16K, SEQ_128K), paper_layouts(ablations=True)):
         par = replace(par, recompute=setting.recompute)
         mem = memory_breakdown(
-            LLAMA7B,
             par,
-            seq_len,
-            setting.batch,
-            mode="train",
-            dtype=setting.dtype,
-            optimizer=setting.optimizer,
-            master_fp32=setting.master_fp32,
-            grad_dtype=setting.grad_dtype,
+            Workload(LLAMA7B, seq_len, setting.batch, mode="train", dtype=setting.dtype),
+            Training(optimizer=setting.optimizer, master_fp32=setting.master_fp32, grad_dtype=setting.grad_dtype),
         )
         row = {"seq_len": seq_len, "layout": par.label(), "scheme": par.scheme}
         row.update(tp=par.tp_degree, sp=par.sp_degree)
@@ -190,7 +186,7 @@ def _explain(row: pd.Series, df: pd.DataFrame) -> str:
     par = replace(df.attrs["layouts"][int(str(row.name))], recompute=PAPER_MEMORY_SETTING.recompute)
     if (
         row.predicted > row.claim
-        and peak_phase(LLAMA7B, par, int(row.seq_len), PAPER_MEMORY_SETTING.batch) == "grad_sync"
+        and peak_phase(par, Workload(LLAMA7B, int(row.seq_len), PAPER_MEMORY_SETTING.batch)) == "grad_sync"
     ):
         unit = UNIT_BYTES[uname]
         bucket = grad_sync_bucket_elems(LLAMA7B, par) * 2 / unit
@@ -257,7 +253,7 @@ def paper_throughput_table(
     for layers, overlap in itertools.product((None, 1), ("none", "schedule", "ideal")):
         for name, par in cfgs:
             r = cluster_throughput(
-                LLAMA7B, par, seq_len, batch, profile, n_gpus, mode="forward", overlap=overlap, layers=layers
+                par, Workload(LLAMA7B, seq_len, batch, mode="forward"), profile, n_gpus, overlap=overlap, layers=layers
             )
             rows.append(
                 {
@@ -315,7 +311,7 @@ def throughput_assumptions(
     every_t = LayoutOptions(tps=tuple(t for t in range(1, degree + 1) if degree % t == 0))
     tsp, ratios = 0.0, []
     for par in layouts(degree, schemes=("tsp", "tp_sp"), options={"tp_sp": every_t}):
-        tps = cluster_throughput(LLAMA7B, replace(par, recompute="full"), seq_len, 1, p, n_gpus, mode="train")
+        tps = cluster_throughput(replace(par, recompute="full"), Workload(LLAMA7B, seq_len, 1, mode="train"), p, n_gpus)
         if _is_method(par):
             tsp = tps["tokens_per_s"]
         else:
@@ -377,8 +373,9 @@ def crossover_table(
     """Forward communication per layer per device (GB, bf16): TSP vs TP (and TP×SP) against sequence length."""
     rows = []
     for s in seq_lens:
-        tsp = comm_per_layer(model, ParallelConfig(scheme="tsp", degree=degree), s, batch)
-        tp = comm_per_layer(model, ParallelConfig(scheme="tp", degree=degree), s, batch)
+        work = Workload(model, s, batch, mode="forward")
+        tsp = comm_per_layer(ParallelConfig(scheme="tsp", degree=degree), work)
+        tp = comm_per_layer(ParallelConfig(scheme="tp", degree=degree), work)
         row = {
             "seq_len": s,
             "tokens": batch * s,
@@ -388,7 +385,7 @@ def crossover_table(
             "tp_gb": tp["fwd_total"] * 2 / 1e9,
         }
         for t in (t for t in range(2, degree) if degree % t == 0):
-            c = comm_per_layer(model, ParallelConfig(scheme="tp_sp", degree=degree, tp=t), s, batch)
+            c = comm_per_layer(ParallelConfig(scheme="tp_sp", degree=degree, tp=t), work)
             row[f"tp_sp_T{t}_gb"] = c["fwd_total"] * 2 / 1e9
         row["tsp_le_tp"] = row["tsp_gb"] <= row["tp_gb"]
         rows.append(row)

@@ -20,6 +20,8 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -30,7 +32,7 @@ CASES = [("tsp", 0, 16384), ("tp", 0, 16384), ("tsp", 0, 65536), ("tp_sp", 2, 16
 
 
 def check(model: ModelConfig, par: ParallelConfig, seq_len: int, device: str, dtype: str = "bfloat16") -> dict:
-    from tspbench.predict.costmodel import memory_breakdown
+    from tspbench.predict.costmodel import Workload, memory_breakdown
     from tspbench.predict.estimate import estimate, fake_process_group, trace_step
 
     validate_parallel(model, par, seq_len)
@@ -71,13 +73,19 @@ def check(model: ModelConfig, par: ParallelConfig, seq_len: int, device: str, dt
     )
     out["estimated_gib"] = est["mem_bytes"]["total"] / 2**30
     out["estimated_phase"] = est["peak_phase"]
-    out["modelled_gib"] = memory_breakdown(model, par, seq_len, 1, dtype=dtype)["total"] / 2**30
+    out["modelled_gib"] = memory_breakdown(par, Workload(model, seq_len, 1, dtype=dtype))["total"] / 2**30
     ref = out["cuda_max_allocated_gib"] or out["tracked_real_gib"]
     out["estimate_vs_real_pct"] = 100 * (out["estimated_gib"] / ref - 1)
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
+CalibrationWriter = Callable[[Path, dict], dict]
+"""Writes a calibration file and returns it as written: tspbench.record.store.write_json with kind "calibration"
+(atomic, efficiencies guarded: docs/records.md#calibration-files), passed in by the entry point tspbench/gpu_check.py
+(this module sits below tspbench.record in the layers)."""
+
+
+def main(argv: list[str] | None = None, *, write_calibration: CalibrationWriter | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tspbench.gpu_check", description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--recompute", default="full", choices=("none", "full"))
@@ -96,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
     if args.time:
-        return _time(args)
+        return _time(args, write_calibration)
     if args.device.startswith("cuda"):
         model = model_preset("llama7b")
         cases = CASES
@@ -115,11 +123,9 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _time(args) -> int:
-    from pathlib import Path
-
+def _time(args, write_calibration: CalibrationWriter | None) -> int:
     from tspbench.predict.costmodel.hardware import load_hardware
-    from tspbench.predict.gpu_time import op_calibration, rank_step_times, write_calibration
+    from tspbench.predict.gpu_time import op_calibration, rank_step_times
 
     if not (args.device.startswith("cuda") and torch.cuda.is_available()):
         print(
@@ -128,10 +134,19 @@ def _time(args) -> int:
             file=sys.stderr,
         )
         return 2
+    if write_calibration is None:
+        print(
+            "tspbench.gpu_check: --time writes its calibration file through tspbench.record (atomic, guarded); "
+            "run it as `python -m tspbench.gpu_check --time`",
+            file=sys.stderr,
+        )
+        return 2
     model, hw = model_preset("llama7b"), load_hardware(args.hardware)
     calib = op_calibration(model, 16384, 8, hw.peak_flops_bf16)
     out = Path(args.calibration_out or ".") / f"{args.hardware}.calibration.json"
-    print(json.dumps({"calibration": str(write_calibration(calib, out)), **calib["efficiency"]}), flush=True)
+    written = write_calibration(out, calib)
+    marks = {k: written[k] for k in ("status", "reason") if k in written}
+    print(json.dumps({"calibration": str(out), **marks, **calib["efficiency"]}), flush=True)
     for scheme, tp, seq in CASES:
         par = ParallelConfig(scheme=scheme, degree=8, tp=tp, recompute=args.recompute)
         try:

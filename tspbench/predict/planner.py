@@ -1,4 +1,4 @@
-"""The planner's core (issue 13 §3; the command line is tspbench/plan.py, the report page report/pareto.py).
+"""The planner's core (the command line is tspbench/plan.py, the report page report/pareto.py).
 
 Enumerates every layout the suite implements, for one cluster of `gpus` devices: at each group size d that divides
 `gpus` (d ≤ max_degree), with the data-parallel degree dp = gpus / d that fills the cluster,
@@ -31,7 +31,7 @@ from tspbench.parallel import (
     layouts,
     validate_parallel,
 )
-from tspbench.predict.costmodel import OVERLAPS, cluster_throughput, load_hardware, memory_breakdown
+from tspbench.predict.costmodel import OVERLAPS, Workload, cluster_throughput, load_hardware, memory_breakdown
 
 BATCHES = (1, 2, 4)
 """Micro-batch sizes (sequences per replica per step) tried by default."""
@@ -110,10 +110,11 @@ def plan(
             validate_parallel(model, par, seq_len, b)
         except ConfigError:
             continue
-        mem = memory_breakdown(model, par, seq_len, b)["total"]
+        work = Workload(model, seq_len, b, mode="train")
+        mem = memory_breakdown(par, work)["total"]
         if mem > hw.mem_bytes:
             continue
-        ct = cluster_throughput(model, par, seq_len, b, hw, gpus, mode="train", overlap=overlap)
+        ct = cluster_throughput(par, work, hw, gpus, overlap=overlap)
         fits.append(
             Layout(
                 par,

@@ -1,4 +1,4 @@
-"""Plausibility guards (issue 13 §2): every record is checked before it is written (store.append_record).
+"""Plausibility guards: every record is checked before it is written (store.append_record).
 
 Checks, each only where the record carries the numbers it needs:
     mfu          MFU / HFU ≤ 100 %
@@ -20,7 +20,14 @@ from typing import Any
 
 from tspbench.config import ModelConfig
 from tspbench.parallel import ParallelConfig
-from tspbench.predict.costmodel import BYTES, comm_per_layer, flops_per_token, load_hardware, params_per_device
+from tspbench.predict.costmodel import (
+    BYTES,
+    Workload,
+    comm_per_layer,
+    flops_per_token,
+    load_hardware,
+    params_per_device,
+)
 
 GIB = 2**30
 PARAMS_RTOL = 0.02  # allocator-free byte counts; 2 % leaves room for small buffers counted as parameters
@@ -104,7 +111,7 @@ def check(rec: dict[str, Any]) -> list[str]:
         got = _num(m.get("comm_bytes_per_layer_fwd"))
         if got is not None and rec.get("method") == "measured" and rec.get("mode") in ("train", "forward"):
             b, s = int(rec.get("batch") or 1), int(rec.get("seq_len") or 0)
-            want = comm_per_layer(model, par, s, b, mode=rec["mode"])["fwd_total"] * BYTES[dtype]
+            want = comm_per_layer(par, Workload(model, s, b, mode=rec["mode"]))["fwd_total"] * BYTES[dtype]
             if abs(got - want) > COMM_RTOL * max(want, 1.0):
                 out.append(f"comm_bytes_per_layer_fwd={got:.6g} but the formula gives {want:.6g}")
     return out

@@ -10,6 +10,7 @@ import math
 from tspbench.measure import flops as flops_mod
 from tspbench.measure import memory as memory_mod
 from tspbench.measure import timing
+from tspbench.predict.costmodel import Workload
 from tspbench.predict.costmodel.flops import flops_per_token, hardware_flops_per_token
 from tspbench.record.schema import base_record
 from tspbench.record.spec import RunSpec
@@ -39,7 +40,7 @@ def build_record(
     peak, peak_src = flops_mod.peak_flops(dev0["device_name"], spec.device)
     f_causal = flops_per_token(cfg, spec.seq_len, mode=spec.mode, causal_halved=True)
     f_full = flops_per_token(cfg, spec.seq_len, mode=spec.mode, causal_halved=False)
-    f_hw = hardware_flops_per_token(cfg, spec.seq_len, spec.mode, spec.recompute, spec.scheme)
+    f_hw = hardware_flops_per_token(spec.parallel(), Workload(cfg, spec.seq_len, mode=spec.mode))
     tps = m["tokens_per_s"]
     m.update(
         {

@@ -43,7 +43,7 @@ def estimated_record(spec: RunSpec) -> dict:
 
 
 def modelled_record(spec: RunSpec, run_id: str | None = None) -> dict:
-    from tspbench.predict.costmodel import comm_per_layer, flops_per_token, memory_breakdown
+    from tspbench.predict.costmodel import Workload, comm_per_layer, flops_per_token, memory_breakdown
     from tspbench.predict.costmodel.time import cluster_throughput, load_hardware
 
     model, par = spec.model_config(), spec.parallel()
@@ -51,8 +51,9 @@ def modelled_record(spec: RunSpec, run_id: str | None = None) -> dict:
     hw = load_hardware(hw_name)
     if spec.mode == "decode":
         return _modelled_decode(spec, hw, hw_name, run_id)
-    mem = memory_breakdown(model, par, spec.seq_len, spec.batch, mode=spec.mode, dtype=spec.dtype)
-    comm = comm_per_layer(model, par, spec.seq_len, spec.batch, mode=spec.mode)
+    work = Workload(model, spec.seq_len, spec.batch, mode=spec.mode, dtype=spec.dtype)
+    mem = memory_breakdown(par, work)
+    comm = comm_per_layer(par, work)
     elem = BYTES[spec.dtype]
     m = _memory_metrics(mem, hw)
     m["comm_bytes_per_layer_fwd"] = comm["fwd_total"] * elem
@@ -60,9 +61,7 @@ def modelled_record(spec: RunSpec, run_id: str | None = None) -> dict:
     m["flops_per_token_causal"] = flops_per_token(model, spec.seq_len, mode=spec.mode, causal_halved=True)
     m["flops_per_token_noncausal"] = flops_per_token(model, spec.seq_len, mode=spec.mode, causal_halved=False)
     for overlap in ("none", "ideal", "schedule"):
-        t = cluster_throughput(
-            model, par, spec.seq_len, spec.batch, hw, spec.world_size, mode=spec.mode, overlap=overlap, dtype=spec.dtype
-        )
+        t = cluster_throughput(par, work, hw, spec.world_size, overlap=overlap)
         key = {"none": "", "ideal": "_ideal_overlap", "schedule": "_schedule_overlap"}[overlap]
         m[f"predicted_tokens_per_s{key}"] = t["tokens_per_s"]
         m[f"predicted_tokens_per_s_per_device{key}"] = t["tokens_per_s_per_device"]
@@ -107,21 +106,22 @@ def _modelled(spec: RunSpec, m: dict, mem_total: float, hw, hw_name: str, run_id
 def _modelled_decode(spec: RunSpec, hw, hw_name: str, run_id: str | None) -> dict:
     """Serving: memory = the prefill's peak with its KV cache (forward phases + cache of seq_len tokens);
     time = one decode step (costmodel.time.decode_step_time), dp replicas in parallel."""
-    from tspbench.predict.costmodel import comm_decode_per_layer, kv_cache_bytes, memory_breakdown
+    from tspbench.predict.costmodel import Workload, comm_decode_per_layer, kv_cache_bytes, memory_breakdown
     from tspbench.predict.costmodel.flops import flops_per_token
     from tspbench.predict.costmodel.time import decode_step_time
 
     model, par = spec.model_config(), spec.parallel()
-    mem = memory_breakdown(model, par, spec.seq_len, spec.batch, mode="forward", dtype=spec.dtype, kv_cache=True)
+    work = Workload(model, spec.seq_len, spec.batch, mode="forward", dtype=spec.dtype)
+    mem = memory_breakdown(par, work, kv_cache=True)
     m = _memory_metrics(mem, hw)
-    m["kv_cache_gib"] = kv_cache_bytes(model, par, spec.seq_len, spec.batch, spec.dtype) / GIB
+    m["kv_cache_gib"] = kv_cache_bytes(par, work) / GIB
     m["comm_bytes_per_layer_fwd"] = comm_decode_per_layer(model, par, spec.batch) * BYTES[spec.dtype]
     m["comm_bytes_per_layer_bwd"] = 0.0
     m["flops_per_token_causal"] = m["flops_per_token_noncausal"] = flops_per_token(
         model, spec.seq_len, mode="decode", causal_halved=False
     )
     for overlap in ("none", "ideal"):
-        t = decode_step_time(model, par, spec.seq_len, spec.batch, hw, dtype=spec.dtype, overlap=overlap)
+        t = decode_step_time(par, work, hw, overlap=overlap)
         key = "" if overlap == "none" else "_ideal_overlap"
         m[f"predicted_tokens_per_s{key}"] = t["tokens_per_s"] * spec.dp
         m[f"predicted_tokens_per_s_per_device{key}"] = t["tokens_per_s"] / par.degree

@@ -16,6 +16,28 @@ from tspbench.config import ModelConfig
 from tspbench.parallel import ParallelConfig, takes
 
 METHOD_OF = {"measure": "measured", "estimate": "estimated", "model": "modelled"}
+FATES = ("measure", "estimate", "model", "estimate+model", "refused")
+"""What the parent does with a grid point (`Fate.kind`; decided by tspbench/run/fate.py)."""
+
+
+@dataclass(frozen=True)
+class Fate:
+    """The parent's one decision about a grid point, made before anything runs (tspbench.run.fate.decide) and
+    carried by the spec, so nothing after the pre-check decides it again."""
+
+    kind: str
+    """measure (ranks on this machine) | estimate (fake tensors) | model (closed-form cost model; also decode
+    under execution=auto without the devices) | estimate+model (execution=auto without the devices: an estimated
+    record and a modelled twin) | refused (recorded `invalid`: a layout validate_parallel refuses, or
+    execution=measure without the devices)."""
+    reason: str | None = None
+    """Why the point does not run as `execution` asked: for `refused` the one line its `invalid` record (and an
+    all-refused grid's exit-2 line) carries; under execution=auto without the devices, which ones are missing.
+    None when it runs as asked."""
+
+    def __post_init__(self):
+        if self.kind not in FATES:  # a hand-edited spec file
+            raise ValueError(f"fate.kind={self.kind!r} is unknown; allowed: {', '.join(FATES)}")
 
 
 @dataclass(kw_only=True)
@@ -37,7 +59,8 @@ class RunSpec(ParallelConfig):
     device: str
     """cpu (gloo) | cuda (nccl)."""
     execution: str
-    """What was asked: auto | measure | estimate | model (tspbench/run/grid.py EXECUTIONS)."""
+    """What was asked: auto | measure | estimate | model (tspbench/run/experiment.py EXECUTIONS); what happens is
+    `fate`."""
     hardware: str | None
     """Hardware profile of estimated / modelled numbers (conf/hardware/), or None."""
     model: dict[str, Any]
@@ -69,6 +92,9 @@ class RunSpec(ParallelConfig):
     state_file: str = ""
     """If set, rank 0 saves the trained parameters (full shape) there after the run (tests compare them with
     the single-device model); not part of the workload, so not of the run_id."""
+    fate: Fate | None = None
+    """What the parent decided for this grid point, once, in the pre-check (tspbench/run/fate.py): the dispatcher
+    and the exit-2 refusal read it. Not part of the workload, so not of the run_id; None until decided."""
 
     # Fields that define the workload, hence the run_id. Paths, time limits and faults do not.
     IDENTITY: ClassVar[tuple[str, ...]] = (
@@ -117,6 +143,8 @@ class RunSpec(ParallelConfig):
     @classmethod
     def from_json(cls, text: str) -> RunSpec:
         d = json.loads(text)
+        if isinstance(d.get("fate"), dict):
+            d["fate"] = Fate(**d["fate"])
         return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
 
 

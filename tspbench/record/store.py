@@ -1,34 +1,42 @@
-"""Result records: one JSON object per run, appended atomically to a JSONL file.
+"""Result records: one JSON object per run, appended atomically to a JSONL file; every other kind of record
+(plan, validation, calibration) written as a whole file, atomically; and one pass that reads them all back.
 
-Every method (measured, estimated, modelled) writes the same schema, so pandas and the report never care
-how a number was obtained. Field meanings are documented in README.md ("Result records").
+Every method (measured, estimated, modelled) writes the same run schema, so pandas and the report never care
+how a number was obtained. Field meanings are documented in docs/records.md; each kind, its writer and its
+plausibility guard in docs/records.md#record-kinds-writers-and-guards (guards: record/guards.py for run records,
+record/kinds.py for the others).
 
-Record layout (flat keys, units in the names; `None` means "not available", never 0):
+Run record layout (flat keys, units in the names; `None` means "not available", never 0):
 
     run_id, experiment, method ("measured" | "estimated" | "modelled"), status ("ok" | "oom" | "failed" |
-    "timeout" | "invalid"), reason, scheme, sp_variant, degree, tp_degree, sp_degree, dp, world_size,
-    nodes, model, model_cfg{...}, seq_len, batch, mode ("train" | "forward"), dtype, recompute,
-    device ("cpu" | "cuda"), device_name, hardware (profile name for modelled/estimated numbers),
+    "timeout" | "invalid" | "implausible"), reason, scheme, sp_variant, degree, tp_degree, sp_degree, dp,
+    world_size, nodes, model, model_cfg{...}, seq_len, batch, mode ("train" | "forward" | "decode"), dtype,
+    recompute, device ("cpu" | "cuda"), device_name, hardware (profile name for modelled/estimated numbers),
     metrics{...}  (e.g. tokens_per_s, tokens_per_s_per_device, step_time_ms_p50, peak_allocated_gib,
                    mem_params_gib, ..., energy_j_per_token, comm_bytes_per_layer_fwd, mfu_causal_pct),
     per_rank{...} (lists indexed by rank: step_time_ms, peak_allocated_gib, energy_j, ...),
     provenance{git_commit, git_dirty, torch, nccl, driver, hostname, device_names, seed, warmup_steps,
                measured_steps, started_at, finished_at, config{...}}
+
+Writers: `append_record` (one run record, appended), `write_records` (a whole JSONL file of one kind),
+`write_json` (one JSON object per file: calibration). Reader: `read_all` (every kind, one pass per file).
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tspbench.record.guards import guard
-from tspbench.record.schema import STATUSES
+from tspbench.record.kinds import guard_kind
 
 RESULTS_FILE = "results.jsonl"
 
@@ -37,8 +45,7 @@ def append_record(path: str | os.PathLike, record: dict[str, Any]) -> None:
     """Append one record as a single line. One `write` of the whole line under an exclusive lock, then
     fsync: a crash or Ctrl-C can lose at most the record being written, never an earlier one. The plausibility
     guards (record/guards.py) run first: a record that breaks one is written `implausible` with the reason."""
-    record = guard(record)
-    assert record.get("status") in STATUSES, record.get("status")
+    record = guard_kind(record, "run")
     line = (json.dumps(record, default=_jsonable, sort_keys=True) + "\n").encode()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -64,32 +71,116 @@ def _jsonable(o: Any) -> Any:
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 
-def read_records(paths: Iterable[str | os.PathLike], kind: str | None = None) -> list[dict[str, Any]]:
-    """All records from JSONL files or directories (searched recursively for *.jsonl). A torn last
-    line (a crash mid-write) is skipped, not fatal. `kind=None`: run records (no `kind` key); `kind="validation"`:
-    tspbench.validate's records (docs/records.md#validation-records), which the run tables never see."""
-    out: list[dict[str, Any]] = []
-    for p in paths:
-        p = Path(p)
-        files = sorted(p.rglob("*.jsonl")) if p.is_dir() else [p]
-        for f in files:
-            if not f.exists():
-                continue
-            for line in f.read_text().splitlines():
-                line = line.strip()
-                if not line:
-                    continue
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError:
-                    continue
-                if isinstance(rec, dict) and rec.get("kind") == kind:
-                    out.append(rec)
+def atomic_write(path: str | os.PathLike, chunks: Iterable[str]) -> Path:
+    """Replace `path` by the concatenated `chunks`, atomically: they go to a temporary file in the same directory
+    (flushed and fsynced), which is then renamed over the target (and the directory fsynced). A failure at any
+    point, while a chunk is being produced included, leaves the old file as it was and no temporary file behind."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            for chunk in chunks:
+                f.write(chunk)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    dfd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+    return path
+
+
+def write_records(path: str | os.PathLike, records: Iterable[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    """Replace `path` by a JSONL file of `records`, all of one `kind` (record/kinds.py: run, plan, validation),
+    atomically (`atomic_write`). Each record passes its kind's guard first and is written marked `implausible`
+    when a check fails; returns the records as written."""
+    if kind == "calibration":
+        raise ValueError("calibration is one JSON object per file: use write_json")
+    written = [guard_kind(r, kind) for r in records]
+    sort = kind == "run"  # as append_record writes them
+    atomic_write(path, (json.dumps(r, default=_jsonable, sort_keys=sort) + "\n" for r in written))
+    return written
+
+
+def write_json(path: str | os.PathLike, record: dict[str, Any], kind: str = "calibration") -> dict[str, Any]:
+    """Replace `path` by one indented JSON object (a calibration file), atomically, after its kind's guard;
+    returns the record as written."""
+    written = guard_kind(record, kind)
+    atomic_write(path, [json.dumps(written, indent=2, default=_jsonable) + "\n"])
+    return written
+
+
+@dataclass
+class RecordSet:
+    """Everything read from a report's inputs in one pass: the records by kind (None: run records, which carry no
+    `kind` key; "plan"; "validation"; any other kind as found), the files read, and their lines that are not a
+    JSON object (file, 1-based line, is it the file's last non-empty line)."""
+
+    files: list[Path] = field(default_factory=list)
+    by_kind: dict[str | None, list[dict[str, Any]]] = field(default_factory=dict)
+    bad: list[tuple[Path, int, bool]] = field(default_factory=list)
+
+    def of(self, kind: str | None = None) -> list[dict[str, Any]]:
+        return self.by_kind.get(kind, [])
+
+
+def read_file(path: Path) -> tuple[list[dict[str, Any]], list[tuple[int, bool]]]:
+    """One JSONL file, read once: (its JSON-object records in order, (line, is last) of every other line)."""
+    lines = path.read_text(errors="replace").splitlines()
+    last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
+    recs: list[dict[str, Any]] = []
+    bad: list[tuple[int, bool]] = []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            rec = None
+        if isinstance(rec, dict):
+            recs.append(rec)
+        else:
+            bad.append((i + 1, i == last))
+    return recs, bad
+
+
+def read_all(paths: Iterable[str | os.PathLike]) -> RecordSet:
+    """Every record of every kind from JSONL files or directories (searched recursively for *.jsonl), each file
+    read once even when given twice (as a file and inside a directory). A torn last line (a crash mid-write) or
+    any other line that is not a JSON object is skipped and listed in `bad`."""
+    out = RecordSet()
+    seen: set[Path] = set()
+    for f in jsonl_files(paths):
+        key = f.resolve()
+        if key in seen:
+            continue
+        seen.add(key)
+        recs, bad = read_file(f)
+        out.files.append(f)
+        out.bad += [(f, n, last) for n, last in bad]
+        for rec in recs:
+            kind = rec.get("kind")
+            out.by_kind.setdefault(kind if kind is None or isinstance(kind, str) else repr(kind), []).append(rec)
     return out
 
 
+def read_records(paths: Iterable[str | os.PathLike], kind: str | None = None) -> list[dict[str, Any]]:
+    """The records of one kind from JSONL files or directories (`read_all`): `kind=None`, run records (no `kind`
+    key); `"validation"`, `"plan"`: docs/records.md#validation-records, docs/records.md#plan-records, which the
+    run tables never see."""
+    return read_all(paths).of(kind)
+
+
 def jsonl_files(paths: Iterable[str | os.PathLike]) -> list[Path]:
-    """The JSONL files `read_records` reads: files as given, directories searched recursively."""
+    """The JSONL files `read_all` reads: files as given, directories searched recursively."""
     out: list[Path] = []
     for p in map(Path, paths):
         out += sorted(p.rglob("*.jsonl")) if p.is_dir() else [p] if p.exists() else []
@@ -98,20 +189,8 @@ def jsonl_files(paths: Iterable[str | os.PathLike]) -> list[Path]:
 
 def bad_lines(path: Path) -> list[tuple[int, bool]]:
     """(1-based line number, is it the file's last non-empty line) of every line that is not a JSON object
-    (`read_records` skips them: a torn last line is a crash mid-write, anything else a damaged file)."""
-    lines = path.read_text(errors="replace").splitlines()
-    last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
-    out = []
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            ok = isinstance(json.loads(line), dict)
-        except json.JSONDecodeError:
-            ok = False
-        if not ok:
-            out.append((i + 1, i == last))
-    return out
+    (`read_all` skips them: a torn last line is a crash mid-write, anything else a damaged file)."""
+    return read_file(path)[1]
 
 
 def load(*paths: str | os.PathLike):

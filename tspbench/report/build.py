@@ -1,20 +1,25 @@
 """Result records -> tables -> one self-contained HTML file (+ CSV and Markdown beside it).
 
-The report reads JSONL records only (never logs). Flow:
+The report reads records, nothing else: each input file once (tspbench.record.store.read_all, every kind in one
+pass), never logs, never a file it was not given, never its own output; it runs no planner, validator or estimate.
+Flow:
 
-    read_records -> de-duplicate by run_id (last wins) -> flat rows (metrics un-nested, derived fields)
-                                                                                    (frame.py)
-    -> claims-vs-ours table (claims.py), per-scheme summary, failures, provenance  (this file)
-    -> figures (figures.py, inline SVG data: URIs) -> templates/report.html.j2
+    read_all -> run records: de-duplicate by run_id (last wins) -> flat rows (frame.py)
+             -> claims-vs-ours rows (claims.py), per-scheme summary, failures, provenance    (this file)
+             -> figures (figures.py, inline SVG data: URIs)
+             -> validation records -> trust.py; plan records -> pareto.py
+    -> templates/report.html.j2; the claim rows go back to the caller (`make_report`), so tspbench.report.finish
+       prints them without re-reading the Markdown export.
 
-Every derived number says what it was derived from (e.g. "peak reserved GiB x 1.0737 -> GB"), because
-records mix measured GPU runs, CPU (gloo) runs and estimated/modelled predictions.
+Every derived number says what it was derived from (e.g. "peak reserved GiB x 1.073741824 -> GB"), because
+records mix measured GPU runs, CPU (gloo) runs and estimated/modelled predictions. Memory is printed in GB.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -22,9 +27,10 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 from tspbench.parallel import SCHEME_REGISTRY
 from tspbench.paths import reports_dir, templates_dir
+from tspbench.record.store import RecordSet, read_all
 from tspbench.record.tables import clean_reason
 from tspbench.report.claims import LABELS_LEGEND, claims_table, grouped_claims, load_claim_list, verdict
-from tspbench.report.frame import CPU_NOTE, MEM_PARTS, WITHIN_PCT, fmt, fmt_seq, gb, load_frame, num, records
+from tspbench.report.frame import CPU_NOTE, MEM_PARTS, WITHIN_PCT, fmt, fmt_seq, frame_of, gb, num, records
 
 # ---------------------------------------------------------------- other tables --------------------
 
@@ -136,11 +142,12 @@ CSV_COLUMNS = (
 )
 
 
-def write_exports(rows: list[dict], csv_path: Path, md_path: Path) -> None:
-    table = pd.DataFrame(rows, columns=list(CSV_COLUMNS))
-    table.to_csv(csv_path, index=False)
-    head = ["claim", "paper", "ours", "deviation", "method", "hardware", "layout", "basis"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+MD_HEAD = ("claim", "paper", "ours", "deviation", "method", "hardware", "layout", "basis")
+
+
+def markdown_lines(rows: list[dict]) -> list[str]:
+    """The claimed-vs-reproduced rows as a Markdown table (header and rule first)."""
+    lines = ["| " + " | ".join(MD_HEAD) + " |", "|" + "---|" * len(MD_HEAD)]
     for r in rows:
         cells = [
             r["claim"],
@@ -153,14 +160,35 @@ def write_exports(rows: list[dict], csv_path: Path, md_path: Path) -> None:
             r["basis"],
         ]
         lines.append("| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |")
-    md_path.write_text("\n".join(lines) + "\n")
+    return lines
 
 
-def build_report(
-    paths: list[str | Path], out: Path | None = None, title: str | None = None, *, claims: list[dict] | None = None
-) -> Path:
-    """Build the HTML report from JSONL files/directories; returns the HTML path. Writes
-    `<stem>.csv` and `<stem>.md` (claimed vs reproduced) beside it. `claims` overrides
+def write_exports(rows: list[dict], csv_path: Path, md_path: Path) -> None:
+    table = pd.DataFrame(rows, columns=list(CSV_COLUMNS))
+    table.to_csv(csv_path, index=False)
+    md_path.write_text("\n".join(markdown_lines(rows)) + "\n")
+
+
+@dataclass
+class Built:
+    """What `make_report` wrote and computed: the HTML path (CSV and Markdown beside it) and the claimed-vs-reproduced
+    rows (claims.claims_table) those exports hold."""
+
+    path: Path
+    claim_rows: list[dict]
+
+
+def make_report(
+    paths: list[str | Path],
+    out: Path | None = None,
+    title: str | None = None,
+    *,
+    claims: list[dict] | None = None,
+    inputs: RecordSet | None = None,
+) -> Built:
+    """Build the HTML report from JSONL files/directories. Writes `<stem>.csv` and `<stem>.md` (claimed vs
+    reproduced) beside it. `inputs`: the records of `paths` already read (tspbench.record.store.read_all; the
+    command line reads them once to check them), else they are read here, once. `claims` overrides
     tspbench.paper.claims (tests use it)."""
     from tspbench.report.figures import make_figures  # matplotlib import is slow; only when building
     from tspbench.report.pareto import pareto_section
@@ -171,7 +199,8 @@ def build_report(
     out.parent.mkdir(parents=True, exist_ok=True)
     csv_path, md_path = out.with_suffix(".csv"), out.with_suffix(".md")
 
-    df, n_raw = load_frame(paths)
+    inputs = inputs if inputs is not None else read_all(paths)
+    df, n_raw = frame_of(inputs.of(None))
     claims_source = "given by caller"
     if claims is None:
         claims, claims_source = load_claim_list()
@@ -179,6 +208,7 @@ def build_report(
     write_exports(crow, csv_path, md_path)
     runs, configs = provenance_rows(df)
     figures = make_figures(df, claims)
+    groups = grouped_claims(crow)
 
     env = Environment(
         loader=FileSystemLoader(templates_dir()),
@@ -194,8 +224,8 @@ def build_report(
         n_raw=n_raw,
         n_runs=len(df),
         claims_source=claims_source,
-        groups=grouped_claims(crow),
-        verdict=verdict(grouped_claims(crow), claims_source),
+        groups=groups,
+        verdict=verdict(groups, claims_source),
         labels_legend=LABELS_LEGEND.format(pct=WITHIN_PCT),
         schemes=list(SCHEME_REGISTRY.values()),
         within_pct=WITHIN_PCT,
@@ -205,12 +235,24 @@ def build_report(
         figures=[f for f in figures if f["src"]],
         empty_figures=[f for f in figures if not f["src"]],
         failures=failure_rows(df),
-        trust=trust_section(paths),  # report/trust.py (issue 13)
-        pareto=pareto_section(paths),  # report/pareto.py (issue 13 §3)
+        trust=trust_section(inputs.of("validation")),
+        pareto=pareto_section(inputs.of("plan")),
         runs=runs,
         configs=configs,
         csv_name=csv_path.name,
         md_name=md_path.name,
     )
     out.write_text(html, encoding="utf-8")
-    return out
+    return Built(out, crow)
+
+
+def build_report(
+    paths: list[str | Path],
+    out: Path | None = None,
+    title: str | None = None,
+    *,
+    claims: list[dict] | None = None,
+    inputs: RecordSet | None = None,
+) -> Path:
+    """`make_report`, returning the HTML path only."""
+    return make_report(paths, out, title, claims=claims, inputs=inputs).path

@@ -8,10 +8,10 @@ from typing import Any
 
 import pandas as pd
 
+from tspbench.config import GIB_TO_GB
 from tspbench.paper.claims import producing_command
 from tspbench.parallel import ParallelConfig, scheme
 from tspbench.report.frame import (
-    GIB_TO_GB,
     METHOD_ORDER,
     NOT_REPRODUCED,
     WITHIN_PCT,

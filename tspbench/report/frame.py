@@ -1,6 +1,7 @@
-"""Result records -> one flat pandas frame for the report: de-duplicated by run_id (last wins), metrics
+"""Run records -> one flat pandas frame for the report: de-duplicated by run_id (last wins), metrics
 un-nested, scheme / hardware labels, the peak-memory number with its basis; and the number formats the
-report uses. Every derived number says what it was derived from."""
+report uses. Every derived number says what it was derived from. Records store memory in GiB; everything the
+report prints is in GB (tspbench.config.GIB_TO_GB)."""
 
 from __future__ import annotations
 
@@ -12,11 +13,11 @@ from typing import Any
 
 import pandas as pd
 
+from tspbench.config import GIB_TO_GB
 from tspbench.parallel import SCHEMES, ParallelConfig
 from tspbench.record.schema import supersedes
 from tspbench.record.store import read_records
 
-GIB_TO_GB = 1.073741824  # 1 GiB = 2**30 B = 1.073741824 GB; the paper quotes GB
 WITHIN_PCT = 10.0
 CPU_NOTE = "CPU (gloo): checks the machinery, not GPU performance"
 NOT_REPRODUCED = "not reproduced by these results"
@@ -120,9 +121,9 @@ def capacity_gib(row: dict) -> float | None:
     if num(row.get("device_capacity_gib")):
         return num(row.get("device_capacity_gib"))
     name = f"{row.get('hardware') or ''} {row.get('device_name') or ''}".lower().replace(" ", "")
-    for key, gb in CAPACITY_GB.items():
+    for key, cap_gb in CAPACITY_GB.items():
         if key in name:
-            return gb / GIB_TO_GB
+            return cap_gb / GIB_TO_GB
     return None
 
 
@@ -203,8 +204,13 @@ def records(df: pd.DataFrame) -> list[dict]:
 
 
 def load_frame(paths: Iterable[str | Path]) -> tuple[pd.DataFrame, int]:
-    """(one row per de-duplicated record, number of raw records read)."""
-    raw = read_records(paths)
+    """`frame_of` the run records of JSONL files/directories (the report reads its inputs once, with
+    tspbench.record.store.read_all, and calls `frame_of` itself)."""
+    return frame_of(read_records(paths))
+
+
+def frame_of(raw: list[dict]) -> tuple[pd.DataFrame, int]:
+    """(one row per de-duplicated run record, number of raw records given)."""
     rows = [flatten(r) for r in dedupe(raw)]
     df = pd.DataFrame(rows)
     for col in (

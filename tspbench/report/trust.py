@@ -1,117 +1,139 @@
-"""The report's "How far to trust the predictions" section (issue 13 §1): the validation records that
-`python -m tspbench.validate` wrote (kind "validation", docs/records.md#validation-records) as a table of
-published vs predicted per row and quantity, the median / worst absolute error per subset, and a
-predicted-vs-published scatter per quantity. Reads them from the report's inputs, else from
-results/validation.jsonl."""
+"""The report's "How far to trust the predictions" section: the validation records among the report's inputs
+(kind "validation", docs/records.md#validation-records: `python -m tspbench.validate --out PATH`, or the run flow's
+tspbench.run.context) as a table of published vs predicted per row and quantity, the median / worst absolute error
+per subset, and a predicted-vs-published scatter per quantity. Records only: nothing is predicted here, and no
+file the report was not given is read."""
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable
-from pathlib import Path
 from typing import Any
 
 from markupsafe import Markup, escape
 
-from tspbench.paths import results_dir
-from tspbench.record.store import read_records
+from tspbench.config import GIB_TO_GB
 
-LABELS = {
-    "tokens_per_s_per_gpu": "tokens/s per GPU",
-    "mfu_pct": "MFU (%)",
-    "peak_mem_gib": "peak memory (GiB)",
-    "step_s": "iteration time (s)",
+QUANTITIES: dict[str, tuple[str, float]] = {
+    # record key -> (printed label, factor from the record's unit to the printed one: memory GiB -> GB)
+    "tokens_per_s_per_gpu": ("tokens/s per GPU", 1.0),
+    "mfu_pct": ("MFU (%)", 1.0),
+    "peak_mem_gib": ("peak memory (GB)", GIB_TO_GB),
+    "step_s": ("iteration time (s)", 1.0),
 }
 SUBSETS = ("calibration", "validation")
+VALIDATE_COMMAND = "python -m tspbench.validate --out results/validation.jsonl"
+"""The command that writes the records this section reads (named when the inputs hold none)."""
 
 
-def validation_records(paths: Iterable[str | Path]) -> list[dict[str, Any]]:
-    recs = read_records(list(paths), kind="validation")
-    if not recs:
-        recs = read_records([results_dir() / "validation.jsonl"], kind="validation")
-    return recs
+def latest_rows(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One record per published row (row_id), the last one read; order of first appearance."""
+    by_id: dict[Any, dict[str, Any]] = {}
+    for r in recs:
+        by_id.pop(r.get("row_id"), None)
+        by_id[r.get("row_id")] = r
+    return list(by_id.values())
+
+
+def _errors(recs: list[dict[str, Any]], subset: str, q: str) -> list[float]:
+    return [abs(r["error_pct"][q]) for r in recs if r.get("subset") == subset and q in (r.get("error_pct") or {})]
 
 
 def _scatter(recs: list[dict[str, Any]]) -> str | None:
-    from tspbench.report.figures import encode  # matplotlib only when building
+    from matplotlib.figure import Figure
 
-    qs = [q for q in LABELS if any(q in r.get("error_pct", {}) for r in recs)]
+    from tspbench.report.plot import encode  # matplotlib only when building
+
+    qs = [q for q in QUANTITIES if any(q in (r.get("error_pct") or {}) for r in recs)]
     if not qs:
         return None
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(qs), figsize=(4.2 * len(qs), 4.0), squeeze=False)
-    for ax, q in zip(axes[0], qs, strict=True):
+    fig = Figure(figsize=(4.2 * len(qs), 4.0), layout="constrained")
+    for i, q in enumerate(qs):
+        ax = fig.add_subplot(1, len(qs), i + 1)
+        label, factor = QUANTITIES[q]
         top = 0.0
         for subset, marker in zip(SUBSETS, ("o", "s"), strict=True):
             pts = [
-                (r["published"][q], r["predicted"][q])
+                (r["published"][q] * factor, r["predicted"][q] * factor)
                 for r in recs
-                if r["subset"] == subset and q in r.get("error_pct", {})
+                if r.get("subset") == subset and q in (r.get("error_pct") or {})
             ]
             if pts:
                 xs, ys = zip(*pts, strict=True)
                 ax.scatter(xs, ys, marker=marker, label=subset, alpha=0.8)
                 top = max(top, *xs, *ys)
         ax.plot([0, top * 1.05], [0, top * 1.05], "k--", lw=0.8, label="exact")
-        ax.set_xlabel(f"published {LABELS[q]}")
-        ax.set_ylabel(f"predicted {LABELS[q]}")
+        ax.set_xlabel(f"published {label}")
+        ax.set_ylabel(f"predicted {label}")
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    src = encode(fig)
-    plt.close(fig)
-    return src
+    return encode(fig)
 
 
-def trust_section(paths: Iterable[str | Path]) -> Markup:
-    """The section's HTML (empty-data note when no validation records exist)."""
-    recs = validation_records(paths)
-    out = ['<h2 id="trust">How far to trust the predictions</h2>']
-    if not recs:
-        out.append('<p class="nodata">No validation records: run <code>python -m tspbench.validate</code>.</p>')
-        return Markup("\n".join(out))
-    out.append(
-        "<p>The closed-form cost model (time: α–β + roofline with the profiles' assumed efficiencies, nothing "
-        "fitted) against third-party published measurements (conf/published). Error = (predicted − published) "
-        "/ published. The calibration/validation split is fixed in the data file.</p>"
-    )
-    out.append(
+def _summary(recs: list[dict[str, Any]]) -> list[str]:
+    out = [
         '<div class="scroll"><table id="trust-summary"><thead><tr><th>Subset</th><th>Quantity</th>'
         "<th>n</th><th>Median |error|</th><th>Worst |error|</th></tr></thead><tbody>"
-    )
+    ]
     for subset in SUBSETS:
-        for q, label in LABELS.items():
-            errs = [abs(r["error_pct"][q]) for r in recs if r["subset"] == subset and q in r.get("error_pct", {})]
+        for q, (label, _) in QUANTITIES.items():
+            errs = _errors(recs, subset, q)
             if errs:
                 out.append(
                     f"<tr><td>{subset}</td><td>{label}</td><td>{len(errs)}</td>"
                     f"<td>{statistics.median(errs):.1f}%</td><td>{max(errs):.1f}%</td></tr>"
                 )
     out.append("</tbody></table></div>")
-    out.append(
+    return out
+
+
+def _row(r: dict[str, Any], cells: str) -> str:
+    return (
+        f"<tr><td>{escape(r.get('row_id', ''))}</td><td>{escape(r.get('subset', ''))}</td>"
+        f"<td>{escape(r.get('hardware', ''))}</td>{cells}<td>{escape(r.get('source', ''))}</td></tr>"
+    )
+
+
+def _rows(recs: list[dict[str, Any]]) -> list[str]:
+    out = [
         '<div class="scroll"><table id="trust-table"><thead><tr><th>Row</th><th>Subset</th><th>Hardware'
         "</th><th>Quantity</th><th>Published</th><th>Predicted</th><th>Error</th><th>Source</th></tr>"
         "</thead><tbody>"
-    )
+    ]
     for r in recs:
-        src = escape(r.get("source", ""))
-        if r.get("status") == "out_of_scope":
-            out.append(
-                f"<tr><td>{escape(r['row_id'])}</td><td>{r['subset']}</td><td>{escape(r['hardware'])}</td>"
-                f'<td colspan="4">out of scope: {escape(r.get("out_of_scope") or "")}</td><td>{src}</td></tr>'
-            )
+        if r.get("status") in ("out_of_scope", "implausible"):
+            why = r.get("out_of_scope") if r.get("status") == "out_of_scope" else r.get("reason")
+            status = str(r.get("status")).replace("_", " ")
+            out.append(_row(r, f'<td colspan="4">{status}: {escape(why or "")}</td>'))
             continue
-        for q, pub in r.get("published", {}).items():
-            err = r.get("error_pct", {}).get(q)
-            pred = r.get("predicted", {}).get(q)
-            cell = f"{err:+.1f}%" if err is not None else escape(r.get("quantity_out_of_scope", {}).get(q) or "")
-            pred_s = f"{pred:.4g}" if isinstance(pred, (int, float)) else "—"
-            out.append(
-                f"<tr><td>{escape(r['row_id'])}</td><td>{r['subset']}</td><td>{escape(r['hardware'])}</td>"
-                f"<td>{LABELS.get(q, q)}</td><td>{pub:.4g}</td><td>{pred_s}</td><td>{cell}</td><td>{src}</td></tr>"
-            )
+        for q, pub in (r.get("published") or {}).items():
+            label, factor = QUANTITIES.get(q, (q, 1.0))
+            err = (r.get("error_pct") or {}).get(q)
+            pred = (r.get("predicted") or {}).get(q)
+            why = (r.get("quantity_out_of_scope") or {}).get(q) or ""
+            cell = f"{err:+.1f}%" if err is not None else escape(why)
+            pred_s = f"{pred * factor:.4g}" if isinstance(pred, (int, float)) else "—"
+            out.append(_row(r, f"<td>{label}</td><td>{pub * factor:.4g}</td><td>{pred_s}</td><td>{cell}</td>"))
     out.append("</tbody></table></div>")
-    img = _scatter(recs)
+    return out
+
+
+def trust_section(recs: list[dict[str, Any]]) -> Markup:
+    """The section's HTML from validation records; without any, one line naming the command that writes them."""
+    out = ['<h2 id="trust">How far to trust the predictions</h2>']
+    recs = latest_rows(recs)
+    if not recs:
+        out.append(
+            f'<p class="nodata" id="trust-none">No validation records among the report\'s inputs: '
+            f"<code>{VALIDATE_COMMAND}</code> writes them.</p>"
+        )
+        return Markup("\n".join(out))
+    plausible = [r for r in recs if r.get("status") != "implausible"]
+    out.append(
+        "<p>The closed-form cost model (time: α–β + roofline with the profiles' assumed efficiencies, nothing "
+        "fitted) against third-party published measurements (conf/published). Error = (predicted − published) "
+        "/ published; memory in GB. The calibration/validation split is fixed in the data file.</p>"
+    )
+    out += _summary(plausible) + _rows(recs)
+    img = _scatter(plausible)
     if img:
         out.append(
             '<figure id="fig-trust"><strong>Predicted vs published</strong>'

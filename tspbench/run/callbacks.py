@@ -58,8 +58,9 @@ class CombineResults(Callback):
         print(f"results (combined): {out}")
         if config.get("report", True):
             from tspbench.report import finish
+            from tspbench.run.context import write_context_records
 
-            finish([out], f"{config.get('exp_name', 'sweep')}-multirun")
+            finish([out, *write_context_records(sweep_dir)], f"{config.get('exp_name', 'sweep')}-multirun")
         code, line = sweep_outcome(read_records([out]), bool(config.get("allow_failures", False)))
         print(line, flush=True)
         if code:

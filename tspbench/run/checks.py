@@ -1,12 +1,15 @@
-"""Up-front checks of an experiment, before any rank starts: everything one line can refuse.
+"""Up-front checks of an experiment, before any rank starts: everything one line can refuse, and the exit code.
 
 `precheck` refuses (ConfigError, one line naming the field and its allowed values) what cannot be meant: an
 axis value that no layout accepts (degree, dp, batch, seq_len < 1), a tp_sp tensor degree that divides none of
-the degrees, a `resume_dir` that does not exist, and a grid in which no point could run at all (every point
-fails `validate_parallel` or needs devices this host lacks). A grid where only some points are invalid runs:
-those points are recorded `invalid` and the exit code says so.
+the degrees, a `resume_dir` that does not exist, and a grid in which no point could run at all. It decides each
+grid point's fate (tspbench/run/fate.py: measured, estimated and modelled instead, estimated, modelled, or
+refused) and returns the specs carrying it; "no point could run" is every fate `refused` (a layout
+validate_parallel refuses, or execution=measure without the devices). A grid where only some points are refused
+runs: those points are recorded `invalid` and the exit code says so (`grid_outcome`).
 
-The resource check of one measured run (recorded `oom` when it cannot fit) is tspbench.run.memfit.
+The resource check of one measured run (recorded `oom` when it cannot fit) is tspbench.run.memfit, made by the
+dispatcher just before the run (free memory is a property of that moment, not of the grid).
 """
 
 from __future__ import annotations
@@ -14,14 +17,16 @@ from __future__ import annotations
 from pathlib import Path
 
 from tspbench.config import ConfigError
-from tspbench.parallel import takes, validate_parallel
+from tspbench.parallel import takes
 from tspbench.record.spec import RunSpec
-from tspbench.run.grid import ExperimentConfig, axes, expand_grid, options_of, schemes_of
-from tspbench.run.launch import choose_execution
+from tspbench.run.experiment import ExperimentConfig, axes, options_of, schemes_of
+from tspbench.run.fate import decide_all
+from tspbench.run.grid import expand_grid
 
 
 def precheck(cfg: ExperimentConfig) -> list[RunSpec]:
-    """The grid of `cfg`, or ConfigError with one line when the experiment cannot be meant as typed."""
+    """The grid of `cfg`, each spec carrying its fate, or ConfigError with one line when the experiment cannot be
+    meant as typed."""
     seq_lens, degrees, batches, _modes = axes(cfg)
     for name, single, values in (
         ("seq_len", cfg.seq_len, seq_lens),
@@ -43,7 +48,7 @@ def precheck(cfg: ExperimentConfig) -> list[RunSpec]:
             "(results/<time>_<exp_name>, the one holding its results.jsonl), or no resume_dir"
         )
     specs = expand_grid(cfg)
-    reasons = [why for s in specs if (why := cannot_run(s))]
+    reasons = [f.reason for f in decide_all(specs) if f.kind == "refused"]
     if specs and len(reasons) == len(specs):
         more = f" (and {len(specs) - 1} more grid point(s) refused)" if len(specs) > 1 else ""
         raise ConfigError(f"no grid point can run: {reasons[0]}{more}")
@@ -73,18 +78,6 @@ def _check_tps(cfg: ExperimentConfig, name: str, degrees: list[int]) -> None:
 
 def _list(v: list) -> str:
     return "[" + ",".join(map(str, v)) + "]"
-
-
-def cannot_run(spec: RunSpec) -> str | None:
-    """Why this grid point can never run here (its layout, or devices this host lacks), else None."""
-    try:
-        validate_parallel(spec.model_config(), spec.parallel(), spec.seq_len, spec.batch)
-    except ConfigError as e:
-        return str(e)
-    method, why = choose_execution(spec)
-    if method is None and spec.execution != "auto":
-        return why
-    return None
 
 
 # ------------------------------------------------------------------------------------------ exit code

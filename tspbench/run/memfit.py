@@ -57,19 +57,12 @@ def _mem_available() -> float | None:
 
 def estimated_peak_bytes(spec: RunSpec) -> float:
     """The cost model's predicted peak bytes per rank (docs/method.md#memory)."""
-    from tspbench.predict.costmodel.memory import memory_breakdown
+    from tspbench.predict.costmodel import Workload, memory_breakdown
 
     decode = spec.mode == "decode"  # serving: the prefill's forward with its KV cache (room for the decode steps)
     seq = spec.seq_len + (spec.warmup_steps + spec.measured_steps if decode else 0)  # one token per step
-    mem = memory_breakdown(
-        spec.model_config(),
-        spec.parallel(),
-        seq,
-        spec.batch,
-        mode="forward" if decode else spec.mode,
-        dtype=spec.dtype,
-        kv_cache=decode,
-    )
+    work = Workload(spec.model_config(), seq, spec.batch, mode="forward" if decode else spec.mode, dtype=spec.dtype)
+    mem = memory_breakdown(spec.parallel(), work, kv_cache=decode)
     return float(mem["total"])
 
 

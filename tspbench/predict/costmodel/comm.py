@@ -1,8 +1,8 @@
 """Closed-form communication: elements received per device per layer (training, forward, decode), at the
 embedding and LM head, in the per-step gradient sync, and the TSP/TP crossover (docs/method.md#communication).
 
-Imports only the parameter layer (params.py); the tests bind each formula to the
-collectives the scheme code issues (tests/test_accounting.py, tests/test_decode.py).
+Imports only the layers below it (workload.py, params.py); the tests bind each formula to the collectives the
+scheme code issues (tests/parity/test_accounting.py, tests/parity/test_decode.py).
 """
 
 from __future__ import annotations
@@ -17,22 +17,18 @@ from tspbench.predict.costmodel.params import (
     layer_weight_params,
     layer_weight_params_per_rank,
     layout,
-    megatron_sp,
+    megatron_tp_degree,
+    mesh_megatron_sp,
+    regathers_kv,
     replicated_params,
 )
+from tspbench.predict.costmodel.workload import Workload
 
 
 # ---------------------------------------------------------------------------------------------- comm
-def comm_per_layer(
-    model: ModelConfig,
-    par: ParallelConfig,
-    seq_len: int,
-    batch: int,
-    *,
-    mode: str = "forward",
-    regather_kv: bool | None = None,
-) -> dict:
-    """Elements received per device per layer, by kind (docs/method.md#communication), plus per-step `grad_sync`.
+def comm_per_layer(par: ParallelConfig, work: Workload, *, regather_kv: bool | None = None) -> dict:
+    """Elements received per device per layer, by kind (docs/method.md#communication), plus per-step `grad_sync`
+    (work.mode train or forward).
 
     Forward (bandwidth-optimal collectives, N = B·S):
         tp, tp_msp  activations 4·N·h·(T−1)/T          (2 all-reduces, or 2 all-gather + reduce-scatter pairs)
@@ -42,7 +38,6 @@ def comm_per_layer(
         sp ulysses  heads       (N/Σ)·(2h + 2h/g)·(Σ−1)/Σ  (all-to-all of [Q; K; V] in, of O out; #ulysses;
                     fsdp_sp ulysses the same)
                     (tp_sp ulysses: the same on the n/T local heads, ÷ T, beside the T axis's activations)
-        tp_sp       activations 4·(N/Σ)·h·(T−1)/T  +  kv 2·N·(h/(g·T))·(Σ−1)/Σ
         tsp         weights     W·(D−1)/D              (attention broadcasts + MLP ring)
                     kv          2·N·(h/g)·(D−1)/D
         fsdp_sp     weights     (W + 2h)·(n−1)/n       (FSDP all-gather of the block unit over n = dp·Σ)
@@ -60,44 +55,25 @@ def comm_per_layer(
     the all-reduce over the group of gradients that ranks holding different tokens compute for the same weights
     (ring all-reduce: 2·n·(p−1)/p received).
     """
-    lay, h, n = layout(par), model.dim, batch * seq_len
+    model, mode = work.model, work.mode
+    if mode not in ("train", "forward"):
+        raise ValueError(f"mode={mode!r} is unknown; allowed: train, forward")
+    fwd = _forward_per_layer(par, work)
     if regather_kv is None:  # what the code does: TSP re-gathers K/V in backward (schemes/ops/owner_attention.py)
-        regather_kv = par.scheme == "tsp"
-    zero = {"weights": 0.0, "kv": 0.0, "activations": 0.0, "heads": 0.0}
-    fwd = dict(zero)
-    s = par.scheme
-    if s in ("tp", "tp_msp", "tp_sp"):
-        fwd["activations"] = 4 * (n / lay.sp) * h * (lay.tp - 1) / lay.tp
-    kv_d = model.head_dim * kv_heads_per_rank(model, lay.tp)  # K (or V) width per token on a rank: h/(g·T)
-    ulysses = par.ulysses
-    if ulysses:
-        fwd["heads"] = (n / lay.sp) * (2 * h + 2 * model.n_kv_heads * model.head_dim) / lay.tp * (lay.sp - 1) / lay.sp
-    elif par.exchange:
-        fwd["kv"] = 2 * n * kv_d * (lay.sp - 1) / lay.sp
-    if s == "fsdp_sp":
-        nf = fsdp_shards(par)
-        fwd["weights"] = (layer_weight_params(model) + 2 * h) * (nf - 1) / nf
-    if s == "tsp":  # D owner shards (each with its own, possibly replicated, KV head) and their K/V
-        d = par.degree
-        fwd["weights"] = d * layer_weight_params_per_rank(model, par) * (d - 1) / d
-        fwd["kv"] = 2 * n * d * kv_d * (d - 1) / d
-
-    bwd = dict(zero)
+        regather_kv = regathers_kv(par)
+    bwd = dict.fromkeys(fwd, 0.0)
     if mode == "train":
         bwd["activations"] = fwd["activations"]  # TP: all-reduces (or AG/RS) mirrored
         bwd["kv"] = fwd["kv"] * (2 if regather_kv else 1)  # dK/dV reduce-scatter (+ re-gather)
         bwd["weights"] = 2 * fwd["weights"]  # TSP: weight re-send + weight-grad reduce
         bwd["heads"] = fwd["heads"]  # Ulysses: the inverse all-to-alls of dO and d[Q; K; V]
-        if par.recompute == "full" and s == "fsdp_sp":
+        if par.recompute == "full" and par.spec.fsdp:
             bwd["kv"] += fwd["kv"]  # the unit is already gathered for backward: only the exchange replays
             bwd["heads"] += fwd["heads"]
         elif par.recompute == "full":
             bwd = {key: bwd[key] + fwd[key] for key in bwd}  # one more forward's worth
-        elif par.recompute == "selective" and par.exchange and not ulysses:
+        elif par.recompute == "selective" and par.exchange and not par.ulysses:
             bwd["kv"] += fwd["kv"]  # the K/V exchange is part of the recomputed core attention
-    elif mode != "forward":
-        raise ValueError(f"mode={mode!r} is unknown; allowed: train, forward")
-
     return {
         "fwd": fwd,
         "bwd": bwd,
@@ -107,9 +83,29 @@ def comm_per_layer(
     }
 
 
-def comm_embed_head(
-    model: ModelConfig, par: ParallelConfig, seq_len: int, batch: int, *, mode: str = "forward"
-) -> dict[str, dict[str, float]]:
+def _forward_per_layer(par: ParallelConfig, work: Workload) -> dict[str, float]:
+    """`comm_per_layer`'s forward elements by kind: the tensor axis's activations, the K/V exchange (or Ulysses'
+    head shards), FSDP's unit, TSP's owner shards."""
+    model, lay, h, n = work.model, layout(par), work.model.dim, work.tokens
+    fwd = {"weights": 0.0, "kv": 0.0, "activations": 0.0, "heads": 0.0}
+    if megatron_tp_degree(par) > 1:  # f/g all-reduces, or Megatron-SP's all-gather + reduce-scatter pairs
+        fwd["activations"] = 4 * (n / lay.sp) * h * (lay.tp - 1) / lay.tp
+    kv_d = model.head_dim * kv_heads_per_rank(model, lay.tp)  # K (or V) width per token on a rank: h/(g·T)
+    if par.ulysses:
+        fwd["heads"] = (n / lay.sp) * (2 * h + 2 * model.n_kv_heads * model.head_dim) / lay.tp * (lay.sp - 1) / lay.sp
+    elif par.exchange:
+        fwd["kv"] = 2 * n * kv_d * (lay.sp - 1) / lay.sp
+    if par.spec.fsdp:
+        nf = fsdp_shards(par)
+        fwd["weights"] = (layer_weight_params(model) + 2 * h) * (nf - 1) / nf
+    if par.scheme == "tsp":  # D owner shards (each with its own, possibly replicated, KV head) and their K/V
+        d = par.degree
+        fwd["weights"] = d * layer_weight_params_per_rank(model, par) * (d - 1) / d
+        fwd["kv"] = 2 * n * d * kv_d * (d - 1) / d
+    return fwd
+
+
+def comm_embed_head(par: ParallelConfig, work: Workload) -> dict[str, dict[str, float]]:
     """Elements received per device per step by the vocabulary-parallel embedding ("embed") and LM head +
     cross-entropy ("head"), forward and backward (tspbench/schemes/ops/vocab.py); zero where the vocabulary is
     replicated (sp, tsp, tp_sp with T = 1). With T the tensor degree, N = B·S tokens, n = N/Σ local tokens:
@@ -126,10 +122,11 @@ def comm_embed_head(
                     fwd (V·h + h)·(n−1)/n, bwd its reduce-scatter, the same
         tp_sp (msp) the tp_msp terms on shard σ's n = N/Σ tokens (msp=false: the tp terms)
     """
+    model, mode = work.model, work.mode
     t, h = par.vocab_degree, model.dim
     zero = {"fwd": 0.0, "bwd": 0.0}
     out = {"embed": dict(zero), "head": dict(zero)}
-    if par.scheme == "fsdp_sp":
+    if par.spec.fsdp:
         nf = fsdp_shards(par)
         emb, head = model.vocab_size * h * (nf - 1) / nf, (model.vocab_size * h + h) * (nf - 1) / nf
         train = mode == "train"
@@ -146,8 +143,8 @@ def comm_embed_head(
             "head": {"fwd": model.vocab_size * h * f, "bwd": 2 * model.vocab_size * h * f},
         }
         return out if mode == "train" else {k: {"fwd": v["fwd"], "bwd": 0.0} for k, v in out.items()}
-    n = batch * seq_len / layout(par).sp
-    if par.scheme == "tp_msp" or megatron_sp(par):
+    n = work.tokens / layout(par).sp
+    if par.megatron_sp:  # the embedding's output reduce-scattered into, the head's input gathered from, the pieces
         out["embed"] = {"fwd": n * h * f, "bwd": n * h * f}
         out["head"] = {"fwd": n * h * f + 6 * n * f, "bwd": n * h * f}
     else:
@@ -175,23 +172,21 @@ def comm_decode_per_layer(model: ModelConfig, par: ParallelConfig, batch: int) -
                         (D > n_kv: the replicated KV heads travel too, 2·D·d instead of 2h/g)
     """
     h, n_h, d, b = model.dim, model.n_heads, model.head_dim, batch
-    lay, s = layout(par), par.scheme
 
     def f(p: int) -> float:
         return (p - 1) / p
 
-    if s in ("tp", "tp_msp"):
-        return 4 * b * h * f(lay.tp)
-    if s == "sp":
-        return 2 * b * n_h * (d + 2) * f(lay.sp)
-    if s == "fsdp_sp":
-        return 2 * b * n_h * (d + 2) * f(lay.sp) + (layer_weight_params(model) + 2 * h) * f(fsdp_shards(par))
-    if s == "tp_sp":
-        return 4 * b * h * f(lay.tp) + 2 * b * (n_h / lay.tp) * (d + 2) * f(lay.sp)
-    if s == "tsp":
+    if par.scheme == "tsp":
         kv = 2 * par.degree * d * kv_heads_per_rank(model, par.degree)  # 2h/g, or 2·D·d replicated
         return b * (6 * h + kv + 3 * n_h) * f(par.degree)
-    return 0.0
+    t, out = megatron_tp_degree(par), 0.0
+    if t > 1:  # f/g: W_O's and the MLP's outputs
+        out += 4 * b * h * f(t)
+    if par.exchange:  # the merge of the token shards' partial attention, on the n_h/T local heads
+        out += 2 * b * (n_h / t) * (d + 2) * f(layout(par).sp)
+    if par.spec.fsdp:  # the block unit, gathered for every step's forward
+        out += (layer_weight_params(model) + 2 * h) * f(fsdp_shards(par))
+    return out
 
 
 def grad_sync_groups(model: ModelConfig, par: ParallelConfig, layers: int | None = None) -> list[tuple[float, int]]:
@@ -206,21 +201,23 @@ def grad_sync_groups(model: ModelConfig, par: ParallelConfig, layers: int | None
     token). tp and single need none. A KV head replicated over T/n_kv ranks is summed in a group of its own
     (`kv_grad_sync_group`), not here.
     """
-    lay, s = layout(par), par.scheme
+    lay = layout(par)
     n_layers = model.n_layers if layers is None else layers
-    if megatron_sp(par):
+    if mesh_megatron_sp(par):
         norms = (2 * n_layers + (1 if layers is None else 0)) * model.dim
         edges = replicated_params(model, layers, par) - norms  # vocabulary slices (or the whole, replicated)
         sharded = n_layers * (layer_weight_params_per_rank(model, par) - kv_grad_sync_group(model, par, 1)[0])
         if par.vocab_degree > 1:
             return [(sharded + edges, lay.sp), (norms, par.degree)]
         return [(sharded, lay.sp), (norms + edges, par.degree)]
-    if s in ("sp", "tp_sp"):
+    if par.spec.fsdp:  # FSDP reduce-scatters every gradient per unit (comm_per_layer, comm_embed_head)
+        return []
+    if par.exchange:  # sp, and tp_sp without Megatron-SP: every rank of a token shard holds whole norms
         block = layer_weight_params_per_rank(model, par) - kv_grad_sync_group(model, par, 1)[0]
         return [(n_layers * block + replicated_params(model, layers, par), lay.sp)]
-    if s == "tsp":
+    if par.scheme == "tsp":
         return [(replicated_params(model, layers), par.degree)]
-    if s == "tp_msp":  # the norms run on each rank's own S/T tokens (a vocabulary-parallel embedding and
+    if par.megatron_sp:  # tp_msp: the norms run on each rank's own S/T tokens (a vocabulary-parallel embedding and
         # head see all of them; replicated ones see the rank's S/T tokens too)
         if par.vocab_degree == 1:
             return [(replicated_params(model, layers, par), par.degree)]
@@ -238,13 +235,14 @@ def grad_sync_group(model: ModelConfig, par: ParallelConfig, layers: int | None 
 def kv_grad_sync_group(model: ModelConfig, par: ParallelConfig, layers: int | None = None) -> tuple[float, int]:
     """(elements, group size) of the replicated-KV gradient all-reduce: with tensor degree T > n_kv each rank's
     W_K, W_V slice (one KV head, 2·h·d per layer) gets partial gradients from its own query heads only, summed
-    over the T/n_kv ranks sharing the head (× Σ in tp_sp, whose token shards share it too). (0, 1) otherwise."""
-    t = layout(par).tp
-    if t <= model.n_kv_heads:
+    over the T/n_kv ranks sharing the head (× Σ in tp_sp, whose token shards share it too; tsp's D owner shards
+    are each on one rank). (0, 1) otherwise."""
+    lay = layout(par)
+    if lay.tp <= model.n_kv_heads:
         return 0.0, 1
     n_layers = model.n_layers if layers is None else layers
-    reps = t // model.n_kv_heads
-    return n_layers * 2 * model.dim * model.head_dim, reps * (layout(par).sp if par.scheme == "tp_sp" else 1)
+    reps = lay.tp // model.n_kv_heads
+    return n_layers * 2 * model.dim * model.head_dim, reps * (lay.sp if megatron_tp_degree(par) > 1 else 1)
 
 
 def grad_sync_elems(model: ModelConfig, par: ParallelConfig, layers: int | None = None) -> float:

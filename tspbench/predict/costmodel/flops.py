@@ -16,7 +16,9 @@ backward (the LM head is not checkpointed), counted with c = ½ since causal ker
 from __future__ import annotations
 
 from tspbench.config import ModelConfig
-from tspbench.predict.costmodel.params import layer_weight_params
+from tspbench.parallel import ParallelConfig
+from tspbench.predict.costmodel.params import layer_weight_params, selective_reruns_kernel
+from tspbench.predict.costmodel.workload import Workload
 
 MODES = ("train", "forward", "decode")
 
@@ -49,18 +51,16 @@ def flops_per_token(
 
 
 def hardware_flops_per_token(
-    model: ModelConfig,
-    seq_len: int,
-    mode: str,
-    recompute: str,
-    scheme: str = "",
+    par: ParallelConfig,
+    work: Workload,
     *,
     layers: int | None = None,
     include_lm_head: bool | None = None,
     causal_halved: bool = True,
 ) -> float:
     """FLOPs actually executed per token (HFU numerator; the time model's compute), over the replica:
-    model FLOPs (causal halved) plus what the step re-executes, as the estimate's FLOP counter sees it:
+    model FLOPs (causal halved) plus what the step re-executes (work.mode, par.recompute), as the estimate's FLOP
+    counter sees it:
       flash backward   the kernel's backward recomputes the scores QKᵀ (five matmuls for the forward's two):
                        + ½ attention forward per layer in training
       recompute=full   every block forward again in backward, except (torch's non-reentrant checkpoint stops
@@ -69,6 +69,7 @@ def hardware_flops_per_token(
       selective        the attention kernel's forward again (4·S·n_h·d·½ per layer), except for tsp, whose
                        selective executes as none (docs/method.md#tsp-backward)
     tests/integration/test_estimate.py holds this equal to the counter for every scheme × recompute mode."""
+    model, seq_len, mode = work.model, work.seq_len, work.mode
     n_layers = model.n_layers if layers is None else layers
     total = flops_per_token(
         model, seq_len, mode=mode, causal_halved=causal_halved, layers=layers, include_lm_head=include_lm_head
@@ -77,9 +78,9 @@ def hardware_flops_per_token(
         return total
     attn = 4 * seq_len * model.n_heads * model.head_dim * (0.5 if causal_halved else 1.0)  # one layer's forward
     total += n_layers * attn / 2
-    if recompute == "full":
+    if par.recompute == "full":
         total += flops_per_token(model, seq_len, mode="forward", causal_halved=causal_halved, layers=n_layers)
-        total -= n_layers * 2 * model.ffn_hidden * model.dim if scheme != "tsp" else 0.0
-    if recompute == "selective" and scheme != "tsp":
+        total -= n_layers * 2 * model.ffn_hidden * model.dim if par.scheme != "tsp" else 0.0
+    if selective_reruns_kernel(par):
         total += n_layers * attn
     return total

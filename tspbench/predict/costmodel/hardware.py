@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 
 from tspbench.paths import conf_dir
-from tspbench.predict.costmodel.params import BYTES
+from tspbench.predict.costmodel.workload import BYTES
 
 CONF_DIR = conf_dir() / "hardware"
 

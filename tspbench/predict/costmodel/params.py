@@ -1,4 +1,4 @@
-"""Parameters and how each scheme divides them: the first layer of the cost model (imports nothing of it).
+"""Parameters and how each scheme divides them: the second layer of the cost model (imports workload.py only).
 
 Notation (docs/method.md#notation): B micro-batch, S sequence, h hidden, L layers, n_h / n_kv heads,
 g = n_h/n_kv, ffn = F·h the gated-MLP width, V vocabulary; T tensor degree, Σ sequence degree, D TSP degree.
@@ -8,7 +8,7 @@ Parameters (Llama block, SwiGLU, RMSNorm, untied LM head; docs/method.md#memory)
     edges       2·V·h [embedding + untied LM head]: split by vocabulary over T in tp, tp_msp and tp_sp
                 (Megatron's vocabulary parallelism, tspbench/schemes/ops/vocab.py), replicated in sp and tsp
     replicated  (2L + 1)·h [norms]  -- on every rank, in every scheme
-    tp_sp       Megatron-SP on T by default (par.msp): residual stream 1/(T·Σ) of the tokens (`megatron_sp`)
+    tp_sp       Megatron-SP on T by default (par.msp): residual stream 1/(T·Σ) of the tokens (`mesh_megatron_sp`)
     sharded     W / T for tp, tp_msp, tp_sp;  W / D for tsp;  not at all for sp (weights replicated); with
                 T > n_kv (GQA/MQA) each rank holds one whole KV head (K, V: 2·h·d), replicated over T/n_kv ranks;
                 fsdp_sp: every parameter (norms, embedding, head included) ÷ N = dp·Σ (FSDP2)
@@ -24,9 +24,7 @@ from dataclasses import replace
 
 from tspbench.config import ModelConfig
 from tspbench.parallel import Divisors, ParallelConfig
-
-BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
-
+from tspbench.predict.costmodel.workload import BYTES
 
 # ---------------------------------------------------------------------------------------------- layout
 Layout = Divisors
@@ -34,15 +32,39 @@ Layout = Divisors
 the scheme in its registry entry)."""
 
 
-def megatron_sp(par: ParallelConfig) -> bool:
-    """tp_sp with Megatron-SP on its tensor axis (par.msp, T > 1): residual-stream tensors 1/(T·Σ) per rank,
-    all-gather in / reduce-scatter out over T instead of TP's all-reduces (docs/method.md#choice-tp-sp-msp)."""
-    return par.scheme == "tp_sp" and par.msp and par.tp_degree > 1
-
-
 def layout(par: ParallelConfig) -> Layout:
     """The scheme's divisors (its registry entry) with the vocabulary split of this layout."""
     return replace(par.spec.divisors(par), vocab_div=par.vocab_degree)
+
+
+def megatron_tp_degree(par: ParallelConfig) -> int:
+    """T of Megatron's tensor parallelism: the ranks a block's heads and channels are split over, whose activations
+    pass through f/g all-reduces (or, with Megatron-SP, an all-gather in and a reduce-scatter out) around every
+    attention and MLP: T in tp, tp_msp and tp_sp (the layout's head_div); 1 in sp and fsdp_sp (weights whole or
+    FSDP's) and in tsp, whose D weight shards travel to the tokens while every rank runs every head."""
+    return layout(par).head_div
+
+
+def mesh_megatron_sp(par: ParallelConfig) -> bool:
+    """Megatron-SP on the tensor axis of a T × Σ mesh (tp_sp with msp, T > 1; docs/method.md#choice-tp-sp-msp):
+    rank (σ, t)'s residual stream is 1/T of token shard σ, 1/(T·Σ) of the tokens, so its norms (and a replicated
+    embedding / LM head) see tokens of their own on all T·Σ ranks of the group. ParallelConfig.megatron_sp is the
+    wider fact, Megatron-SP on any tensor axis (tp_msp too, whose norms see 1/T of every token and no token axis)."""
+    return par.megatron_sp and par.spec.axes == "T×Σ"
+
+
+def regathers_kv(par: ParallelConfig) -> bool:
+    """What the code does with the exchanged K/V in backward: TSP's owner loop re-gathers each owner's K/V
+    (schemes/ops/owner_attention.py) rather than keep it; the token-sharded schemes keep theirs. The default of
+    every `regather_kv` argument (docs/method.md#communication)."""
+    return par.scheme == "tsp"
+
+
+def selective_reruns_kernel(par: ParallelConfig) -> bool:
+    """recompute=selective re-runs the attention kernel in backward (Megatron's core-attention recompute), except
+    in tsp, whose owner loop keeps nothing of the kernel's to drop: there selective executes as none
+    (docs/method.md#tsp-backward)."""
+    return par.recompute == "selective" and par.scheme != "tsp"
 
 
 # ---------------------------------------------------------------------------------------------- params

@@ -1,0 +1,64 @@
+"""What a step runs and how it trains: the first layer of the cost model (imports nothing of it).
+
+Every formula of the cost model is a function of a layout (tspbench.parallel.ParallelConfig: which scheme, over
+how many ranks, with which options), a `Workload` (the model, B sequences of S tokens, forward or training, the
+number format) and, for memory, a `Training` setting (optimizer state, master weights, gradient format); the time
+model adds a hardware profile (hardware.py). Notation: docs/method.md#notation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tspbench.config import ModelConfig
+
+BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
+"""Bytes per element of each number format."""
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One replica's step: which model, on how many tokens, forward or training, in which number format."""
+
+    model: ModelConfig
+    """The Llama-style model (h, L, n_h, n_kv, ffn, V)."""
+    seq_len: int
+    """S: tokens per sequence (for a decode step: the cached context, tokens already in the KV cache)."""
+    batch: int = 1
+    """B: sequences per replica (the micro-batch)."""
+    mode: str = "train"
+    """train (forward, backward, optimizer step) or forward (no grad: prefill); the decode functions
+    (decode_step_time, kv_cache_bytes) ignore it. Each function refuses a mode it has no formula for."""
+    dtype: str = "bfloat16"
+    """Number format of weights and activations (a key of BYTES)."""
+
+    @property
+    def tokens(self) -> int:
+        """N = B·S: the replica's tokens."""
+        return self.batch * self.seq_len
+
+    @property
+    def elem_bytes(self) -> int:
+        """b: bytes per element of `dtype`."""
+        return BYTES[self.dtype]
+
+
+@dataclass(frozen=True)
+class Training:
+    """How a training step keeps its model state (params.state_bytes_per_param: k bytes per parameter)."""
+
+    optimizer: str = "adamw"
+    """adamw (two moments per parameter) or sgd (no state)."""
+    master_fp32: bool = True
+    """AdamW with 16-bit weights keeps an fp32 master copy and fp32 moments (Megatron's mixed precision); false:
+    the moments in the parameter dtype, as torch's AdamW keeps them."""
+    grad_dtype: str | None = None
+    """Number format of the gradients; None: the workload's dtype (bf16 grads, k = 16; float32 gives k = 18)."""
+
+    def grad_bytes(self, work: Workload) -> int:
+        """bg: bytes per gradient element."""
+        return BYTES[self.grad_dtype or work.dtype]
+
+
+TRAINING = Training()
+"""The default training setting: AdamW, fp32 master weights and moments, gradients in the run dtype."""

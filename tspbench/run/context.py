@@ -1,0 +1,53 @@
+"""The records an experiment's report needs beside its runs: how far to trust the cost model, and the planner's
+view of the paper's cluster.
+
+The report reads records only (tspbench/report/build.py); its "How far to trust the predictions" section needs
+validation records and its Pareto page plan records. An experiment writes them next to its results, through
+tspbench.record.store.write_records (atomic, each record guarded: docs/records.md#record-kinds-writers-and-guards):
+
+    <out_dir>/validation.jsonl  the cost model against every row of conf/published (tspbench.predict.published),
+                                as `python -m tspbench.validate --out <out_dir>/validation.jsonl` writes it
+    <out_dir>/plan.jsonl        the planner's fitting layouts on the paper's setting (predict/planner.py
+                                PAPER_SETTING: llama7b, 128K, 1,024 MI300X) under the `schedule` overlap rule, as
+                                `python -m tspbench.plan model=llama7b seq_len=131072 gpus=1024 hardware=mi300x
+                                out=<out_dir>/plan.jsonl` writes them
+
+Closed form both: about two seconds together, no device.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from tspbench.config import model_preset
+from tspbench.predict.planner import PAPER_SETTING, plan, plan_records
+from tspbench.predict.published import default_files, load_rows, record
+from tspbench.record.store import write_records
+
+VALIDATION_FILE = "validation.jsonl"
+PLAN_FILE = "plan.jsonl"
+PLAN_OVERLAP = "schedule"
+"""The overlap rule of the paper setting's plan (the planner's default; docs/method.md#choice-overlap)."""
+
+
+def validation_records() -> list[dict[str, Any]]:
+    """One validation record per row of conf/published (docs/records.md#validation-records)."""
+    return [record(row) for row in load_rows(default_files())]
+
+
+def paper_plan_records() -> list[dict[str, Any]]:
+    """The planner's records for the paper's setting (docs/records.md#plan-records), best layout first."""
+    s = PAPER_SETTING
+    ranked, _ = plan(model_preset(s["model"]), s["seq_len"], s["gpus"], s["hardware"], overlap=PLAN_OVERLAP)
+    return plan_records(ranked, **s, overlap=PLAN_OVERLAP)
+
+
+def write_context_records(out_dir: Path) -> list[Path]:
+    """Write `out_dir`/validation.jsonl and `out_dir`/plan.jsonl (replacing earlier ones, atomically) and return
+    their paths, to be given to the report with the run records (tspbench.report.finish)."""
+    out_dir = Path(out_dir)
+    validation, plans = out_dir / VALIDATION_FILE, out_dir / PLAN_FILE
+    write_records(validation, validation_records(), kind="validation")
+    write_records(plans, paper_plan_records(), kind="plan")
+    return [validation, plans]
