@@ -1,7 +1,12 @@
-"""Command-line plumbing the entry points share: the structured schemas in Hydra's ConfigStore, composing a
-typed config from `key=value` overrides (the same way in `python -m tspbench`, `.verify` and `.estimate`, so
-the same override means the same thing everywhere and a bad one gets the same one-line error), and `--help`
-written from the dataclasses' attribute docstrings.
+"""Command-line plumbing every entry point shares (README.md, "Commands"). Every command
+`python -m tspbench[.NAME]` takes `key=value` options into a typed dataclass whose attribute docstrings are its `--help`
+(`help_text`), and answers a mistake with one line and exit code 2. Two ways to fill the dataclass:
+
+    compose        Hydra's Compose API on conf/<name>.yaml, for the commands whose options include a model preset
+                   with field overrides (`model=llama7b model.n_layers=4`): python -m tspbench, .verify, .estimate —
+                   the same override means the same thing in each, and a bad one gets the same one-line error
+    parse_options  plain `key=value` (lists comma-separated or in brackets) and, where a command takes them, bare
+                   positional paths: .plan, .validate, .report, .gpu_check, .headline
 """
 
 from __future__ import annotations
@@ -11,13 +16,14 @@ import dataclasses
 import inspect
 import textwrap
 import typing
-from typing import Any
+from typing import Any, TypeVar
 
 from hydra.core.config_store import ConfigStore
 
 from tspbench.config import ConfigError, ModelConfig
 from tspbench.paths import conf_dir
 
+T = TypeVar("T")
 CONF_DIR = conf_dir()
 """The configuration root (model/, scheme_opts/, hardware/, exp/, faults/ groups; tspbench.paths)."""
 
@@ -155,7 +161,8 @@ def expected(schema: type | None, key: str, value: str = "...") -> str:
 
 
 def _word(t: Any) -> str:
-    return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(t, str(t))
+    words = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+    return words.get(t, getattr(t, "__name__", str(t)))
 
 
 def one_line(e: BaseException) -> str:
@@ -193,12 +200,21 @@ def field_docs(cls: type) -> dict[str, str]:
     return docs
 
 
-def help_text(prog: str, defaults: Any, intro: str, examples: list[str], groups: dict[str, str] | None = None) -> str:
+def help_text(
+    prog: str,
+    defaults: Any,
+    intro: str,
+    examples: list[str],
+    groups: dict[str, str] | None = None,
+    positional: str | None = None,
+) -> str:
     """`--help` for a CLI whose options are the fields of the dataclass instance `defaults` (the config composed
-    without overrides, so the values shown are the ones a run gets), nested dataclasses as prefix.field."""
+    without overrides, so the values shown are the ones a run gets), nested dataclasses as prefix.field; the list
+    field `positional` (bare arguments, e.g. report's paths) is shown as NAME ... ."""
     cls = type(defaults)
+    bare = f" [{positional.upper()} ...]" if positional else ""
     lines = [
-        f"usage: python -m {prog} [key=value ...]",
+        f"usage: python -m {prog} [key=value ...]{bare}",
         "",
         intro.strip(),
         "",
@@ -208,6 +224,9 @@ def help_text(prog: str, defaults: Any, intro: str, examples: list[str], groups:
     docs = field_docs(cls)
     for f in dataclasses.fields(cls):
         default = getattr(defaults, f.name)
+        if f.name == positional:
+            lines.append(_row(f"{positional.upper()} ...", docs.get(f.name, "")))
+            continue
         if dataclasses.is_dataclass(hints.get(f.name)):
             sub = hints[f.name]
             what = (groups or {}).get(f.name, "")
@@ -247,6 +266,59 @@ def _row(key: str, doc: str, width: int = 34) -> str:
 def presets(group: str) -> str:
     """The presets of a config group, e.g. "llama3_8b | llama7b | small | tiny"."""
     return " | ".join(sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml")))
+
+
+def parse_options(cls: type[T], argv: list[str], positional: str | None = None) -> T:
+    """`key=value` arguments → an instance of the dataclass `cls`, each value converted to its field's type (int,
+    float, bool as true/false, str, lists as `a,b` or `[a,b]`, `null` for an optional field). Bare arguments fill
+    the list field `positional` when the command has one. ConfigError with one line for anything else."""
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls) if f.name != positional]  # type: ignore[arg-type]
+    values: dict[str, Any] = {}
+    bare: list[str] = []
+    for arg in argv:
+        key, sep, raw = arg.partition("=")
+        if not sep:
+            if positional is None:
+                raise ConfigError(f"{arg}: expected key=value; keys: {', '.join(names)}")
+            bare.append(arg)
+            continue
+        if key not in names:
+            raise ConfigError(unknown_key(key, names))
+        values[key] = _convert(key, raw, hints[key])
+    if positional is not None:
+        values[positional] = bare
+    return cls(**values)
+
+
+def _convert(key: str, raw: str, hint: Any) -> Any:
+    """One option's text as its field's type (the message names the field and what it takes)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if args and type(None) in args:  # X | None
+        if raw in ("null", "none", ""):
+            return None
+        hint = next(a for a in args if a is not type(None))
+        origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (list, tuple):
+        items = [v.strip() for v in raw.strip("[]").split(",") if v.strip()]
+        try:
+            return [_scalar(v, args[0]) for v in items]
+        except ValueError:
+            raise ConfigError(
+                f"{key}={raw!r} must be a comma-separated list of {_word(args[0])}s, e.g. {key}=a,b"
+            ) from None
+    try:
+        return _scalar(raw, hint)
+    except ValueError:
+        raise ConfigError(f"{key}={raw!r} must be {_word(hint)}") from None
+
+
+def _scalar(raw: str, t: Any) -> Any:
+    if t is bool:
+        if raw.lower() not in ("true", "false"):
+            raise ValueError(raw)
+        return raw.lower() == "true"
+    return t(raw)
 
 
 def wants_help(argv: list[str]) -> bool:

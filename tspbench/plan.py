@@ -20,7 +20,7 @@ from pathlib import Path
 from tspbench.config import GB, ConfigError, model_preset
 from tspbench.parallel import SCHEMES, SP_VARIANTS, VOCAB, LayoutOptions, scheme
 from tspbench.predict.costmodel import OVERLAPS
-from tspbench.predict.planner import BATCHES, MAX_DEGREE, PLAN_ORDER, margin_pct, plan, plan_records
+from tspbench.predict.planner import BATCHES, MAX_DEGREE, PLAN_ORDER, PlanRequest, margin_pct, plan, plan_records
 from tspbench.record.store import write_records
 
 HELP = f"""usage: python -m tspbench.plan [key=value ...]
@@ -137,15 +137,17 @@ def main(argv: list[str] | None = None) -> int:
         schemes, options = layout_options(kv)
         t0 = time.perf_counter()
         ranked, n = plan(
-            model,
-            seq_len,
-            gpus,
-            kv["hardware"],
-            max_degree=max_degree,
-            batches=batches,
-            overlap=kv["overlap"],
-            options=options,
-            schemes=schemes,
+            PlanRequest(
+                model,
+                seq_len,
+                gpus,
+                kv["hardware"],
+                max_degree=max_degree,
+                batches=batches,
+                overlap=kv["overlap"],
+                options=options,
+                schemes=schemes,
+            )
         )
         dt = time.perf_counter() - t0
     except (ConfigError, ValueError) as e:

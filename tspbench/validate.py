@@ -1,4 +1,4 @@
-"""`python -m tspbench.validate [FILE ...] [--out PATH]`: the cost model against published third-party measurements.
+"""`python -m tspbench.validate [out=PATH] [FILE ...]`: the cost model against published third-party measurements.
 
 The command line only: the rows of conf/published/*.yaml (or the files given) are predicted by
 tspbench/predict/published.py (the cost model on each row's hardware profile; how each quantity is predicted is
@@ -10,13 +10,13 @@ guarded).
 
 from __future__ import annotations
 
-import argparse
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tspbench.config import GIB_TO_GB
-from tspbench.paths import results_dir
+from tspbench import cli
+from tspbench.config import GIB_TO_GB, ConfigError
 from tspbench.predict.published import default_files, load_rows, record, summary
 from tspbench.record.store import write_records
 
@@ -54,28 +54,40 @@ def render(records: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+@dataclass
+class ValidateConfig:
+    """`python -m tspbench.validate`: which published measurements, and where their records go."""
+
+    files: list[str] = field(default_factory=list)
+    """Published-measurement YAML files, shaped like conf/published/*.yaml (default: every file there)."""
+    out: str = "results/validation.jsonl"
+    """JSONL file the validation records are written to (docs/records.md#validation-records), atomically."""
+
+
+EXAMPLES = [
+    "python -m tspbench.validate                                   # every row of conf/published",
+    "python -m tspbench.validate out=results/validation.jsonl conf/published/measurements.yaml",
+]
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m tspbench.validate",
-        description="Predict published third-party measurements with the cost model; print the errors.",
-    )
-    ap.add_argument(
-        "files", nargs="*", type=Path, help="published-measurement YAML files (default: conf/published/*.yaml)"
-    )
-    ap.add_argument("--out", type=Path, default=None, help="JSONL output (default: results/validation.jsonl)")
-    args = ap.parse_args(argv)
-    files = args.files or default_files()
-    for f in files:
-        if not f.is_file():
-            print(f"error: FILE {f} does not exist; give YAML files shaped like conf/published/*.yaml", file=sys.stderr)
-            return 2
+    argv = sys.argv[1:] if argv is None else argv
+    if cli.wants_help(argv):
+        intro = "Predict published third-party measurements with the cost model; print the errors."
+        print(cli.help_text("tspbench.validate", ValidateConfig(), intro, EXAMPLES, positional="files"))
+        return 0
     try:
+        vc = cli.parse_options(ValidateConfig, argv, positional="files")
+        files = [Path(f) for f in vc.files] or default_files()
+        for f in files:
+            if not f.is_file():
+                raise ConfigError(f"FILE {f} does not exist; give YAML files shaped like conf/published/*.yaml")
         records = [record(r) for r in load_rows(files)]
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
+    except (ConfigError, ValueError) as e:
+        print(f"tspbench.validate: {e}", file=sys.stderr)
         return 2
     print(render(records))
-    out = args.out or results_dir() / "validation.jsonl"
+    out = Path(vc.out)
     written = write_records(out, records, kind="validation")  # atomic, each record guarded (record/kinds.py)
     bad = [r for r in written if r.get("status") == "implausible"]
     print(

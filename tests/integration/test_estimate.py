@@ -25,7 +25,8 @@ from tspbench.paper.tables import LLAMA7B, PAPER_MEMORY_SETTING
 from tspbench.parallel import ParallelConfig
 from tspbench.predict.costmodel import Workload, memory_breakdown, params_per_device
 from tspbench.predict.costmodel.memory import memory_phases
-from tspbench.predict.estimate import CATEGORIES, estimate, estimate_summary, measure
+from tspbench.predict.estimate import CATEGORIES, EstimateOptions, estimate
+from tspbench.predict.realrun import estimate_summary, measure
 
 TINY = ModelConfig()  # dim 64, 2 layers, 4 heads, vocab 256
 GQA = ModelConfig(name="gqa", vocab_size=2000, dim=256, n_layers=6, n_heads=8, n_kv_heads=4, ffn_hidden=1024)
@@ -67,7 +68,8 @@ def _gloo_slack(real: dict, par: ParallelConfig) -> float:
 @pytest.fixture(scope="module")
 def real_runs():
     cases = [
-        (TINY, ParallelConfig(scheme=s, degree=2, recompute=rc), 64, 1, "train", "float32") for s, rc in REAL_CASES
+        (ParallelConfig(scheme=s, degree=2, recompute=rc), Workload(TINY, 64, 1, dtype="float32"))
+        for s, rc in REAL_CASES
     ]
     return dict(zip(REAL_CASES, measure(cases)))
 
@@ -77,7 +79,7 @@ def real_runs():
 def test_estimate_matches_real_run(real_runs, scheme, recompute):
     real = real_runs[(scheme, recompute)]
     par = ParallelConfig(scheme=scheme, degree=2, recompute=recompute)
-    est = json.loads(json.dumps(estimate_summary(TINY, par, 64, 1, dtype="float32", attention="native")))
+    est = json.loads(json.dumps(estimate_summary(par, Workload(TINY, 64, 1, dtype="float32"), attention="native")))
     slack = _gloo_slack(real, par)
     assert not _within(real["mem"], est["mem"], slack=slack), _within(real["mem"], est["mem"], slack=slack)
     assert est["mem"]["params"] == real["mem"]["params"] and est["mem"]["optimizer"] == real["mem"]["optimizer"]
@@ -97,7 +99,7 @@ def real_runs_fsdp():
     for dp in (1, 2):  # one spawned group per world size
         keys = [c for c in FSDP_CASES if c[1] == dp]
         pars = [ParallelConfig(scheme=s, degree=2, dp=dp, recompute=rc) for s, _, rc in keys]
-        cases = [(TINY, par, 64, 1, "train", "float32") for par in pars]
+        cases = [(par, Workload(TINY, 64, 1, dtype="float32")) for par in pars]
         out.update(zip(keys, measure(cases)))
     return out
 
@@ -107,7 +109,7 @@ def real_runs_fsdp():
 def test_estimate_matches_real_run_fsdp(real_runs_fsdp, scheme, dp, recompute):
     real = real_runs_fsdp[(scheme, dp, recompute)]
     par = ParallelConfig(scheme=scheme, degree=2, dp=dp, recompute=recompute)
-    est = json.loads(json.dumps(estimate_summary(TINY, par, 64, 1, dtype="float32", attention="native")))
+    est = json.loads(json.dumps(estimate_summary(par, Workload(TINY, 64, 1, dtype="float32"), attention="native")))
     slack = _gloo_slack(real, par)
     assert not _within(real["mem"], est["mem"], slack=slack), _within(real["mem"], est["mem"], slack=slack)
     assert est["mem"]["params"] == real["mem"]["params"] and est["mem"]["optimizer"] == real["mem"]["optimizer"]
@@ -122,7 +124,7 @@ REAL_CASES_4 = [("tp_sp", 2, "none"), ("tsp", 0, "full")]
 def real_runs_4():
     """Four ranks: the 2-D mesh (T = Σ = 2) and TSP at D = 4."""
     cases = [
-        (TINY, ParallelConfig(scheme=s, degree=4, tp=t, recompute=rc), 64, 1, "train", "float32")
+        (ParallelConfig(scheme=s, degree=4, tp=t, recompute=rc), Workload(TINY, 64, 1, dtype="float32"))
         for s, t, rc in REAL_CASES_4
     ]
     return dict(zip(REAL_CASES_4, measure(cases)))
@@ -133,7 +135,7 @@ def real_runs_4():
 def test_estimate_matches_real_run_4_ranks(real_runs_4, scheme, tp, recompute):
     real = real_runs_4[(scheme, tp, recompute)]
     par = ParallelConfig(scheme=scheme, degree=4, tp=tp, recompute=recompute)
-    est = json.loads(json.dumps(estimate_summary(TINY, par, 64, 1, dtype="float32", attention="native")))
+    est = json.loads(json.dumps(estimate_summary(par, Workload(TINY, 64, 1, dtype="float32"), attention="native")))
     slack = _gloo_slack(real, par)
     assert not _within(real["mem"], est["mem"], slack=slack), _within(real["mem"], est["mem"], slack=slack)
     assert est["flops"] == pytest.approx(real["flops"], rel=0.05) and est["flops"] > 0
@@ -174,7 +176,7 @@ def test_comm_counts_are_not_vacuous(real_runs):
 )
 def test_costmodel_matches_estimate_gqa(scheme, tp, recompute, vocab):
     par = ParallelConfig(scheme=scheme, degree=4, tp=tp, recompute=recompute, vocab=vocab)
-    est = estimate(GQA, par, 2048, 1, dtype="bfloat16")
+    est = estimate(par, Workload(GQA, 2048, 1, dtype="bfloat16"))
     model = memory_breakdown(par, Workload(GQA, 2048, 1, dtype="bfloat16"))
     assert est["provenance"]["extrapolated"]  # 6 layers: traced 3 and 4
     assert not _near_tie_mismatch(GQA, par, model, est["mem_bytes"]), _within(model, est["mem_bytes"])
@@ -189,7 +191,7 @@ def test_costmodel_matches_estimate_kv_replicated(scheme, degree, tp, recompute,
     replicated over T/n_kv ranks) and the cost model's n_kv_local = max(n_kv/T, 1) agree."""
     cfg = replace(GQA, n_kv_heads=n_kv)
     par = ParallelConfig(scheme=scheme, degree=degree, tp=tp, recompute=recompute)
-    est = estimate(cfg, par, 2048, 1, dtype="bfloat16")
+    est = estimate(par, Workload(cfg, 2048, 1, dtype="bfloat16"))
     model = memory_breakdown(par, Workload(cfg, 2048, 1, dtype="bfloat16"))
     assert model["params"] == est["mem_bytes"]["params"]
     assert not _near_tie_mismatch(cfg, par, model, est["mem_bytes"]), _within(model, est["mem_bytes"])
@@ -209,7 +211,7 @@ def test_costmodel_matches_estimate_kv_replicated(scheme, degree, tp, recompute,
 def test_costmodel_matches_estimate_tp_sp(tp, recompute, vocab, msp):
     """tp_sp with Megatron-SP on T (default; the replicated-vocabulary piece layout, Σ = 1) and the plain ablation."""
     par = ParallelConfig(scheme="tp_sp", degree=4, tp=tp, recompute=recompute, vocab=vocab, msp=msp)
-    est = estimate(GQA, par, 2048, 1, dtype="bfloat16")
+    est = estimate(par, Workload(GQA, 2048, 1, dtype="bfloat16"))
     model = memory_breakdown(par, Workload(GQA, 2048, 1, dtype="bfloat16"))
     assert not _near_tie_mismatch(GQA, par, model, est["mem_bytes"]), _within(model, est["mem_bytes"])
 
@@ -220,7 +222,7 @@ def test_costmodel_matches_estimate_ulysses(scheme, tp, recompute):
     """sp_variant=ulysses (docs/method.md#ulysses): head shards of the whole sequence are the local K/V's bytes, so
     the model keeps no full-sequence K/V; the estimate traces the all-to-alls under the fake process group."""
     par = ParallelConfig(scheme=scheme, degree=4, tp=tp, recompute=recompute, sp_variant="ulysses")
-    est = estimate(GQA, par, 2048, 1, dtype="bfloat16")
+    est = estimate(par, Workload(GQA, 2048, 1, dtype="bfloat16"))
     model = memory_breakdown(par, Workload(GQA, 2048, 1, dtype="bfloat16"))
     assert not _near_tie_mismatch(GQA, par, model, est["mem_bytes"]), _within(model, est["mem_bytes"])
     t, sig = par.tp_degree, par.sp_degree
@@ -238,7 +240,7 @@ def test_costmodel_matches_estimate_ulysses_forward(scheme, tp):
     the head shards) is not modelled yet — 21% low on this shape (training peaks are checked in the test above)."""
     cfg = replace(GQA, vocab_size=64, n_kv_heads=8, ffn_hidden=512)
     par = ParallelConfig(scheme=scheme, degree=4, tp=tp, sp_variant="ulysses", msp=scheme != "tp_sp")
-    est = estimate(cfg, par, 2048, 1, mode="forward", dtype="bfloat16")["mem_bytes"]
+    est = estimate(par, Workload(cfg, 2048, 1, mode="forward", dtype="bfloat16"))["mem_bytes"]
     model = memory_breakdown(par, Workload(cfg, 2048, 1, mode="forward", dtype="bfloat16"), kv_cache=False)
     assert model["total"] == pytest.approx(est["total"], rel=0.02)
 
@@ -246,8 +248,8 @@ def test_costmodel_matches_estimate_ulysses_forward(scheme, tp):
 def test_estimate_matches_real_run_ulysses():
     """(a) and (b) for sp_variant=ulysses at D = 2: the real gloo all-to-alls and the fake process group's agree."""
     par = ParallelConfig(scheme="sp", degree=2, sp_variant="ulysses")
-    (real,) = measure([(TINY, par, 64, 1, "train", "float32")])
-    est = json.loads(json.dumps(estimate_summary(TINY, par, 64, 1, dtype="float32", attention="native")))
+    (real,) = measure([(par, Workload(TINY, 64, 1, dtype="float32"))])
+    est = json.loads(json.dumps(estimate_summary(par, Workload(TINY, 64, 1, dtype="float32"), attention="native")))
     slack = _gloo_slack(real, par)
     assert not _within(real["mem"], est["mem"], slack=slack), _within(real["mem"], est["mem"], slack=slack)
     assert est["comm_ops"] == real["comm_ops"] and est["comm"] == real["comm"]
@@ -274,7 +276,7 @@ def test_costmodel_matches_estimate_forward(scheme, tp):
     total only: the forward phases lump a layer's working set into temporaries (the estimate files TP's
     1 MB all-reduce output under comm_buffers), which is 10% of this tiny model's 11 MB peak."""
     par = ParallelConfig(scheme=scheme, degree=4, tp=tp)
-    est = estimate(GQA, par, 2048, 1, mode="forward", dtype="bfloat16")["mem_bytes"]
+    est = estimate(par, Workload(GQA, 2048, 1, mode="forward", dtype="bfloat16"))["mem_bytes"]
     model = memory_breakdown(par, Workload(GQA, 2048, 1, mode="forward", dtype="bfloat16"), kv_cache=False)
     assert model["total"] == pytest.approx(est["total"], rel=0.05)
     assert model["params"] == est["params"] and est["grads"] == est["optimizer"] == 0
@@ -287,7 +289,7 @@ def llama_128k():
     for scheme in ("tsp", "tp", "sp", "fsdp_sp"):
         par = ParallelConfig(scheme=scheme, degree=8, recompute=PAPER_MEMORY_SETTING.recompute)
         t0 = time.perf_counter()
-        rec = estimate(LLAMA7B, par, S128K, PAPER_MEMORY_SETTING.batch, hardware="h100")
+        rec = estimate(par, Workload(LLAMA7B, S128K, PAPER_MEMORY_SETTING.batch), EstimateOptions(hardware="h100"))
         out[scheme] = (par, rec, time.perf_counter() - t0)
     return out
 
@@ -332,8 +334,8 @@ def test_llama7b_128k_record_and_speed(llama_128k):
 def test_layer_extrapolation_is_exact(scheme, recompute):
     model = replace(GQA, n_layers=5)  # > 4 layers: "auto" traces 3 and 4 and extrapolates
     par = ParallelConfig(scheme=scheme, degree=2, recompute=recompute)
-    auto = estimate(model, par, 256, 1, layers="auto")
-    full = estimate(model, par, 256, 1, layers="all")
+    auto = estimate(par, Workload(model, 256, 1), EstimateOptions(layers="auto"))
+    full = estimate(par, Workload(model, 256, 1), EstimateOptions(layers="all"))
     assert auto["provenance"]["extrapolated"] and not full["provenance"]["extrapolated"]
     assert auto["mem_bytes"] == full["mem_bytes"] and auto["peak_phase"] == full["peak_phase"]
     assert auto["metrics"]["flops_per_step"] == full["metrics"]["flops_per_step"]
@@ -342,9 +344,9 @@ def test_layer_extrapolation_is_exact(scheme, recompute):
 
 def test_estimate_rejects_bad_input():
     with pytest.raises(ValueError, match="mode"):
-        estimate(TINY, ParallelConfig(scheme="tp", degree=2), 64, 1, mode="decode")
+        estimate(ParallelConfig(scheme="tp", degree=2), Workload(TINY, 64, 1, mode="decode"))
     with pytest.raises(ValueError, match="divisible"):
-        estimate(TINY, ParallelConfig(scheme="tsp", degree=3), 64, 1)
+        estimate(ParallelConfig(scheme="tsp", degree=3), Workload(TINY, 64, 1))
 
 
 def test_one_rank_of_an_8way_scheme_runs_alone_with_real_tensors():
@@ -377,5 +379,5 @@ def test_hardware_flops_model_equals_counter(scheme, degree, tp, recompute):
 
     s = 512
     par = ParallelConfig(scheme=scheme, degree=degree, tp=tp, recompute=recompute)
-    got = estimate(FLOP_MODEL, par, s, 1, dtype="bfloat16")["metrics"]["flops_per_token"]
+    got = estimate(par, Workload(FLOP_MODEL, s, 1, dtype="bfloat16"))["metrics"]["flops_per_token"]
     assert got == pytest.approx(hardware_flops_per_token(par, Workload(FLOP_MODEL, s, mode="train")), rel=2e-3)

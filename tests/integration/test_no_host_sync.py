@@ -24,8 +24,9 @@ import torch
 
 from tspbench.config import ModelConfig
 from tspbench.parallel import ParallelConfig
-from tspbench.predict.estimate import _fake_patches, fake_process_group, trace_step
+from tspbench.predict.costmodel import Workload
 from tspbench.predict.memtrack import MemoryTracker
+from tspbench.predict.trace import Tracing, fake_patches, fake_process_group, trace_step
 
 TINY = ModelConfig(name="tiny", vocab_size=128, dim=64, n_layers=2, n_heads=8, n_kv_heads=8, ffn_hidden=128)
 LAYOUTS = [
@@ -51,7 +52,9 @@ def _meta_step():
 
 def _train_transfers(par: ParallelConfig, mode: str) -> list[str]:
     with _meta_step(), fake_process_group(par.world_size, 0):
-        tr = trace_step(TINY, par, 64, 1, mode=mode, dtype="bfloat16", device="meta", fake=True, attention="gpu")
+        tr = trace_step(
+            par, Workload(TINY, 64, 1, mode=mode, dtype="bfloat16"), Tracing(device="meta", fake=True, attention="gpu")
+        )
     return tr.tracker.host_transfers
 
 
@@ -64,7 +67,7 @@ def _decode_transfers(par: ParallelConfig) -> list[str]:
     tracker = MemoryTracker()
     with _meta_step(), fake_process_group(par.world_size, 0):
         mesh = build_mesh(par, "cpu")
-        with FakeTensorMode(), _fake_patches(), torch.no_grad(), tracker:
+        with FakeTensorMode(), fake_patches(), torch.no_grad(), tracker:
             pm = apply_scheme(TINY, par, ApplyArgs(mesh, 64, 0, torch.bfloat16, "meta"))
             pm.start_kv_cache(2)
             tokens = torch.zeros((par.dp, 66), dtype=torch.long, device="meta")

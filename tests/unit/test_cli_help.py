@@ -18,7 +18,7 @@ def _run(main, argv, capsys) -> str:
 
 
 def test_verify_help(capsys):
-    from tspbench.verify.cli import main
+    from tspbench.verify.__main__ import main
 
     out = _run(main, ["--help"], capsys)
     assert "usage: python -m tspbench.verify" in out

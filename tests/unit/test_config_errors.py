@@ -10,7 +10,7 @@ import pytest
 
 from tspbench.config import ConfigError, ModelConfig
 from tspbench.parallel import ParallelConfig, validate_parallel
-from tspbench.verify.cli import main
+from tspbench.verify.__main__ import main
 
 BAD = [
     (["scheme=tsp", "degree=3"], "model.n_heads=8 must be divisible"),
@@ -49,7 +49,7 @@ BAD = [
 
 @pytest.mark.parametrize("argv,needle", BAD, ids=[" ".join(a) for a, _ in BAD])
 def test_bad_input_one_line(argv, needle, capsys, monkeypatch):
-    import tspbench.verify.cli as v
+    import tspbench.verify.__main__ as v
 
     monkeypatch.setattr(v, "run_cases", lambda *a, **k: pytest.fail("ranks spawned for bad input"))
     assert main(argv) == 2

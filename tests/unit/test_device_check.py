@@ -76,15 +76,17 @@ def test_calibration_record_is_what_load_hardware_applies(tmp_path):
 
     import pytest
 
+    from tspbench.gpu_check import write_calibration  # the writer `python -m tspbench.gpu_check --time` uses
     from tspbench.predict.costmodel.hardware import CONF_DIR, load_hardware
-    from tspbench.predict.gpu_time import calibration_record, write_calibration
+    from tspbench.predict.gpu_time import calibration_record
 
     peak = 989.4e12
     flops = {"gemm": 4e12, "attention_forward": 2e12, "attention_backward": 5e12}
     rec = calibration_record({"gemm": 8e-3, "attention_forward": 8e-3, "attention_backward": 25e-3}, flops, peak, "X")
     assert rec["efficiency"]["gemm"] == pytest.approx(4e12 / (8e-3 * peak))
     shutil.copy(CONF_DIR / "h200.yaml", tmp_path / "h200.yaml")
-    write_calibration(rec, tmp_path / "h200.calibration.json")
+    written = write_calibration(tmp_path / "h200.calibration.json", rec)  # atomic, through its kind's guard
+    assert written == {**rec, "status": "ok"}
     hw = load_hardware("h200", tmp_path)
     assert hw.matmul_efficiency == pytest.approx(rec["efficiency"]["gemm"]) and hw.calibration
     with pytest.raises(ValueError, match="implausible efficiency"):

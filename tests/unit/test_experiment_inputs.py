@@ -201,7 +201,7 @@ def test_report_refuses_empty_inputs(tmp_path, capsys):
         (empty_file, "no records in"),
         (bad, f"{bad}:2: not a JSON record"),
     ):
-        assert main([str(path), "--out", str(out)]) == 2
+        assert main([str(path), f"out={out}"]) == 2
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and needle in err, err
     assert not out.exists()

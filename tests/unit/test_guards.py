@@ -9,14 +9,13 @@ import json
 
 import pytest
 
-from tspbench.config import ModelConfig
+from tspbench.config import GIB, ModelConfig
 from tspbench.parallel import ParallelConfig
 from tspbench.predict.costmodel import Workload, comm_per_layer, params_per_device
 from tspbench.record import guards
 from tspbench.record.store import append_record
 
 TINY = dict(name="tiny", vocab_size=128, dim=64, n_layers=2, n_heads=8, n_kv_heads=8, ffn_hidden=128)
-GIB = 2**30
 
 
 def good() -> dict:

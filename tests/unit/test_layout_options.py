@@ -42,7 +42,7 @@ def test_the_layouts_set_every_field_to_a_non_default_value():
 @pytest.mark.parametrize("par", LAYOUTS, ids=lambda p: p.scheme)
 def test_verify_and_estimate_configs(par):
     from tspbench.predict.estimate_cli import compose as estimate_compose
-    from tspbench.verify.cli import compose as verify_compose
+    from tspbench.verify.__main__ import compose as verify_compose
 
     assert verify_compose(_overrides(par)).parallel() == par
     assert estimate_compose([*_overrides(par), "model=tiny"]).parallel() == par
@@ -96,18 +96,19 @@ def test_plan_records(par, tmp_path):
 def test_the_scheme_receives_every_option():
     """The scheme runs what the layout says: the collectives of its layer 0 (fake tensors, fake process group) show
     the options at work."""
+    from tspbench.predict.costmodel import Workload
     from tspbench.predict.estimate import estimate
 
     mesh, tsp = LAYOUTS
-    ops = [(o[0], o[1]) for o in estimate(MODEL, mesh, SEQ, 1, dtype="float32")["comm_ops_layer0"]]
+    ops = [(o[0], o[1]) for o in estimate(mesh, Workload(MODEL, SEQ, 1, dtype="float32"))["comm_ops_layer0"]]
     fwd = [op for op, phase in ops if phase == "fwd"]
     assert "send_recv" in fwd and "all_reduce" in fwd  # ring attention hops; plain TP (msp=false) all-reduces
     assert "reduce_scatter" not in fwd  # Megatron-SP (msp=true) would reduce-scatter
-    rec = estimate(MODEL, tsp, SEQ, 1, dtype="float32")
+    rec = estimate(tsp, Workload(MODEL, SEQ, 1, dtype="float32"))
     fwd = [o[0] for o in rec["comm_ops_layer0"] if o[1] == "fwd"]
     per_owner = MODEL.n_kv_heads // tsp.degree  # 2 KV heads per owner, buckets of 1: 2 all-gathers per owner
     assert fwd.count("all_gather") == tsp.degree * per_owner
-    unbucketed = estimate(MODEL, replace(tsp, kv_bucket_heads=0), SEQ, 1, dtype="float32")
+    unbucketed = estimate(replace(tsp, kv_bucket_heads=0), Workload(MODEL, SEQ, 1, dtype="float32"))
     assert [o[0] for o in unbucketed["comm_ops_layer0"] if o[1] == "fwd"].count("all_gather") == tsp.degree
 
 

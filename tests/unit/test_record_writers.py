@@ -1,7 +1,7 @@
 """Every kind of record is written through tspbench/record/ (docs/records.md#record-kinds-writers-and-guards): each
 writer replaces its file atomically (a failure mid-write leaves the old file intact, no temporary file behind), each
 kind's guard marks a bad record `implausible` with a one-line reason (never drops it, never writes it as fine), and
-the entry points (plan out=, validate --out, gpu_check --time's calibration file) and the run flow's context
+the entry points (plan out=, validate out=, gpu_check --time's calibration file) and the run flow's context
 records go through them. One pass (`read_all`) reads every kind back."""
 
 from __future__ import annotations
@@ -184,7 +184,7 @@ def test_validate_cli_writes_through_the_guarded_writer(tmp_path, monkeypatch, c
         return real(path, records, kind)
 
     monkeypatch.setattr(validate, "write_records", spy)
-    assert validate.main(["--out", str(out)]) == 0
+    assert validate.main([f"out={out}"]) == 0
     assert calls == ["validation"] and {r["status"] for r in read_all([out]).of("validation")} <= {"ok", "out_of_scope"}
 
 

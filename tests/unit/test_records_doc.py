@@ -14,7 +14,7 @@ import torch
 
 from tspbench.measure import memory as memory_mod
 from tspbench.measure.energy import EnergyResult
-from tspbench.record.measured import build_record
+from tspbench.record.measured import Gathered, build_record
 from tspbench.record.offline import estimated_record, modelled_record
 from tspbench.record.spec import RunSpec
 from tspbench.run.supervise import _failure_record
@@ -70,7 +70,7 @@ def records() -> list[tuple[str, dict]]:
             (
                 f"measured {mode}",
                 build_record(
-                    s, [rank(mode)] * 2, 1.0 if mode != "decode" else None, 64, "t0", "t1", "gloo", "torchrun"
+                    s, Gathered([rank(mode)] * 2, 1.0 if mode != "decode" else None, 64, "t0", "t1", "gloo", "torchrun")
                 ),
             )
         )

@@ -205,7 +205,7 @@ def test_cli(tmp_path):
     src = rf.write_minimal(tmp_path / "min.jsonl")
     out = tmp_path / "cli.html"
     proc = subprocess.run(
-        [sys.executable, "-m", "tspbench.report", str(src), "--out", str(out), "--title", "CLI title"],
+        [sys.executable, "-m", "tspbench.report", str(src), f"out={out}", "title=CLI title"],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -359,7 +359,7 @@ def test_named_commands_write_what_the_sections_read():
     args = dict(a.split("=", 1) for a in PLAN_COMMAND.split()[3:])
     assert {k: args[k] for k in PAPER_SETTING} == {k: str(v) for k, v in PAPER_SETTING.items()}
     assert "overlap" not in args and plan.DEFAULTS["overlap"] == PLAN_OVERLAP and args["out"].endswith(".jsonl")
-    assert VALIDATE_COMMAND.startswith("python -m tspbench.validate --out ")
+    assert VALIDATE_COMMAND.startswith("python -m tspbench.validate out=")
 
 
 def test_report_imports_no_planner_validator_or_estimate():

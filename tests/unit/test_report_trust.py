@@ -18,7 +18,7 @@ from tspbench.report.trust import VALIDATE_COMMAND, trust_section
 @pytest.fixture(scope="module")
 def recs(tmp_path_factory) -> list[dict]:
     out = tmp_path_factory.mktemp("trust") / "validation.jsonl"
-    assert validate.main(["--out", str(out)]) == 0
+    assert validate.main([f"out={out}"]) == 0
     assert read_records([out]) == []  # run tables never read validation records
     return read_records([out], kind="validation")
 

@@ -7,5 +7,6 @@ which measurers return `None` with a reason.
     memory   peak allocated / reserved / device-used (CUDA), per-category breakdown (MemTracker; fallback:
              tensor accounting + saved-tensor hooks)
     energy   NVML energy counter, validated amdsmi counter, background power timeline; None on CPU
-    flops    peak-FLOPs table by device name, MFU / HFU (the FLOP formulas: tspbench.predict.costmodel.flops)
+    flops    peak FLOP/s by device name (conf/hardware/ profiles' device_names), MFU / HFU (the FLOP formulas:
+             tspbench.predict.costmodel.flops)
 """

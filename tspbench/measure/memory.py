@@ -24,7 +24,8 @@ from typing import Any
 
 import torch
 
-GIB = float(2**30)
+from tspbench.config import GIB
+
 BREAKDOWN_KEYS = (
     "mem_params_gib",
     "mem_grads_gib",

@@ -15,7 +15,7 @@ from dataclasses import replace
 
 import pandas as pd
 
-from tspbench.paper.tables import LLAMA7B, N_GPUS, PAPER_MEMORY_SETTING, SEQ_128K
+from tspbench.paper.setting import LLAMA7B, N_GPUS, PAPER_MEMORY_SETTING, SEQ_128K
 from tspbench.parallel import ALL_EXCHANGES, LayoutOptions, ParallelConfig, layouts
 from tspbench.predict.costmodel import Workload, cluster_throughput, load_hardware, memory_breakdown
 

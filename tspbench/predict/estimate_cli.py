@@ -58,7 +58,8 @@ def compose(overrides: list[str]) -> EstimateConfig:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from tspbench.predict.estimate import estimate
+    from tspbench.predict.costmodel import Workload
+    from tspbench.predict.estimate import EstimateOptions, estimate
 
     argv = sys.argv[1:] if argv is None else argv
     if cli.wants_help(argv):
@@ -75,16 +76,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         ec = compose(argv)
         rec = estimate(
-            ec.model,
             ec.parallel(),
-            ec.seq_len,
-            ec.batch,
-            mode=ec.mode,
-            dtype=ec.dtype,
-            rank=ec.rank,
-            hardware=cli.hardware_name(ec.hardware),
-            attention=ec.attention,
-            layers=ec.layers,
+            Workload(ec.model, ec.seq_len, ec.batch, mode=ec.mode, dtype=ec.dtype),
+            EstimateOptions(
+                attention=ec.attention, layers=ec.layers, rank=ec.rank, hardware=cli.hardware_name(ec.hardware)
+            ),
         )
     except (ConfigError, ValueError) as e:
         print(f"tspbench.estimate: {e}", file=sys.stderr)

@@ -9,7 +9,7 @@ GPU check of the estimate that a CPU cannot make; it measures memory, never mult
 (tspbench/predict/gpu_time.py) times rank 0's compute only and writes a calibration file.
 
 Setting: the paper one (bf16, AdamW with fp32 master/m/v, full recompute, B = 1), one optimizer step before
-the measured step (steady state), as `tspbench.predict.estimate.trace_step` does. On CPU (`--device cpu`, a small
+the measured step (steady state), as `tspbench.predict.trace.trace_step` does. On CPU (`--device cpu`, a small
 model) only the tracker's total of real tensors is compared: the allocator peak needs CUDA.
 Output: one JSON line per case on stdout.
 """
@@ -33,7 +33,8 @@ CASES = [("tsp", 0, 16384), ("tp", 0, 16384), ("tsp", 0, 65536), ("tp_sp", 2, 16
 
 def check(model: ModelConfig, par: ParallelConfig, seq_len: int, device: str, dtype: str = "bfloat16") -> dict:
     from tspbench.predict.costmodel import Workload, memory_breakdown
-    from tspbench.predict.estimate import estimate, fake_process_group, trace_step
+    from tspbench.predict.estimate import EstimateOptions, estimate
+    from tspbench.predict.trace import Tracing, fake_process_group, trace_step
 
     validate_parallel(model, par, seq_len)
     t0 = time.perf_counter()
@@ -43,17 +44,7 @@ def check(model: ModelConfig, par: ParallelConfig, seq_len: int, device: str, dt
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
     with fake_process_group(par.world_size, 0):
-        tr = trace_step(
-            model,
-            par,
-            seq_len,
-            1,
-            mode="train",
-            dtype=dtype,
-            device=device,
-            fake=False,
-            attention="native",
-        )
+        tr = trace_step(par, Workload(model, seq_len, 1, mode="train", dtype=dtype), Tracing(device=device))
     real = tr.memory()
     out = {
         "scheme": par.scheme,
@@ -69,7 +60,9 @@ def check(model: ModelConfig, par: ParallelConfig, seq_len: int, device: str, dt
     }
     del tr
     est = estimate(
-        model, par, seq_len, 1, dtype=dtype, hardware="h200" if cuda else "cpu", attention="gpu" if cuda else "native"
+        par,
+        Workload(model, seq_len, 1, dtype=dtype),
+        EstimateOptions(attention="gpu" if cuda else "native", hardware="h200" if cuda else "cpu"),
     )
     out["estimated_gib"] = est["mem_bytes"]["total"] / 2**30
     out["estimated_phase"] = est["peak_phase"]

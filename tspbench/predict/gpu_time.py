@@ -15,8 +15,6 @@ Two measurements, both with CUDA events after warm-up:
 from __future__ import annotations
 
 import datetime
-import json
-from pathlib import Path
 
 import torch
 
@@ -84,7 +82,7 @@ def op_calibration(model: ModelConfig, seq_len: int, degree: int, peak: float) -
 
 def rank_step_times(model: ModelConfig, par: ParallelConfig, seq_len: int) -> dict:
     """Rank 0's forward and training step at these shapes, compute only (fake process group), CUDA events."""
-    from tspbench.predict.estimate import fake_process_group
+    from tspbench.predict.trace import fake_process_group
     from tspbench.schemes import ApplyArgs, apply_scheme, build_mesh
     from tspbench.schemes.train import MixedPrecisionAdamW, train_step
 
@@ -108,9 +106,3 @@ def rank_step_times(model: ModelConfig, par: ParallelConfig, seq_len: int) -> di
         "compute_only_train_step_ms": step_s * 1e3,
         "note": "rank 0 alone under the fake process group: compute only, collectives are no-ops",
     }
-
-
-def write_calibration(record: dict, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=2) + "\n")
-    return path

@@ -1,14 +1,15 @@
-"""The planner's core (the command line is tspbench/plan.py, the report page report/pareto.py).
+"""The planner's core (the command line is tspbench/plan.py; the report's page report/pareto.py reads its records).
 
-Enumerates every layout the suite implements, for one cluster of `gpus` devices: at each group size d that divides
-`gpus` (d ≤ max_degree), with the data-parallel degree dp = gpus / d that fills the cluster,
+`plan(PlanRequest(model, seq_len, gpus, hardware, ...))` enumerates every layout the suite implements, for one
+cluster of `gpus` devices: at each group size d that divides `gpus` (d ≤ max_degree), with the data-parallel degree
+dp = gpus / d that fills the cluster,
 
     single (d = 1); tsp; tp; tp_msp (TP + Megatron-SP); sp × {allgather, ring, ulysses};
     tp_sp at every factorisation d = T·Σ (1 < T < d) × {allgather, ring, ulysses} × Megatron-SP {on, off};
     fsdp_sp × {allgather, ring, ulysses}
 
-× every recompute mode × micro-batch sizes. A layout `config.validate_parallel` refuses (heads that do not divide,
-Ulysses' head split, the zigzag, FSDP's row split) is dropped, and so is one whose closed-form peak memory
+× every recompute mode × micro-batch sizes. A layout `tspbench.parallel.validate_parallel` refuses (heads that do
+not divide, Ulysses' head split, the zigzag, FSDP's row split) is dropped, and so is one whose closed-form peak memory
 (`memory_breakdown`: training, bf16 with fp32 AdamW master, m, v) exceeds the device's. The rest are ranked by
 predicted cluster tokens/s (`cluster_throughput` under the chosen overlap rule, docs/method.md#choice-overlap).
 Closed form only: about a millisecond per layout, no fake-tensor estimate (the slow test in tests/unit/test_plan.py
@@ -38,8 +39,8 @@ BATCHES = (1, 2, 4)
 MAX_DEGREE = 64
 """Largest group size tried by default (llama7b's 32 heads bound every tensor degree well below it)."""
 PAPER_SETTING: dict[str, Any] = {"model": "llama7b", "seq_len": 131072, "gpus": 1024, "hardware": "mi300x"}
-"""The paper's cluster (docs/method.md#published): what the report's Pareto page plans when no records are given."""
-GIB = 2**30
+"""The paper's cluster (docs/method.md#published): the setting whose plan records an experiment writes beside its
+results (tspbench/run/context.py, for the report's Pareto page, which reads records and plans nothing)."""
 T = TypeVar("T")
 
 
@@ -66,6 +67,30 @@ PLAN_ORDER = ("single", "tsp", "tp", "tp_msp", "sp", "tp_sp", "fsdp_sp")
 """The order layouts are enumerated in (ties in the ranking keep it): the method first, then the baselines."""
 
 
+@dataclass(frozen=True)
+class PlanRequest:
+    """What to plan: one model and sequence length on one cluster, and which layouts to enumerate (`candidates`)."""
+
+    model: ModelConfig
+    """The model trained (training, bf16 with fp32 AdamW master, m, v: the planner's memory setting)."""
+    seq_len: int
+    """S: tokens per sequence."""
+    gpus: int
+    """Devices in the cluster; every group size d that divides it (d ≤ max_degree) is tried, dp = gpus / d."""
+    hardware: str
+    """Hardware profile (conf/hardware): device memory, peak FLOP/s, link bandwidths."""
+    max_degree: int = MAX_DEGREE
+    """Largest group size tried."""
+    batches: tuple[int, ...] = BATCHES
+    """Micro-batch sizes (sequences per replica per step) tried."""
+    overlap: str = "schedule"
+    """The time model's overlap rule (tspbench.predict.costmodel.OVERLAPS; docs/method.md#choice-overlap)."""
+    options: LayoutOptions = ALL_EXCHANGES
+    """The option axes enumerated (tspbench.parallel.layouts): K/V exchanges, Megatron-SP, vocabulary, buckets."""
+    schemes: tuple[str, ...] = PLAN_ORDER
+    """The schemes enumerated, in this order (ties in the ranking keep it)."""
+
+
 def candidates(
     gpus: int,
     max_degree: int = MAX_DEGREE,
@@ -84,37 +109,26 @@ def candidates(
     return out
 
 
-def plan(
-    model: ModelConfig,
-    seq_len: int,
-    gpus: int,
-    hardware: str,
-    *,
-    max_degree: int = MAX_DEGREE,
-    batches: Iterable[int] = BATCHES,
-    overlap: str = "schedule",
-    options: LayoutOptions = ALL_EXCHANGES,
-    schemes: Iterable[str] = PLAN_ORDER,
-) -> tuple[list[Layout], int]:
+def plan(req: PlanRequest) -> tuple[list[Layout], int]:
     """(the fitting layouts, best predicted cluster tokens/s first, ties: less memory first; how many were
-    enumerated). `options` and `schemes` choose the layouts enumerated (`candidates`)."""
-    if overlap not in OVERLAPS:
-        raise ConfigError(f"overlap={overlap!r} is unknown; allowed: {', '.join(OVERLAPS)}")
-    if gpus < 1 or max_degree < 1:
-        raise ConfigError(f"gpus={gpus} and max_degree={max_degree} must be ≥ 1")
-    hw = load_hardware(hardware)
-    cands = candidates(gpus, max_degree, tuple(batches), options, schemes)
+    enumerated). `req.options` and `req.schemes` choose the layouts enumerated (`candidates`)."""
+    if req.overlap not in OVERLAPS:
+        raise ConfigError(f"overlap={req.overlap!r} is unknown; allowed: {', '.join(OVERLAPS)}")
+    if req.gpus < 1 or req.max_degree < 1:
+        raise ConfigError(f"gpus={req.gpus} and max_degree={req.max_degree} must be ≥ 1")
+    hw = load_hardware(req.hardware)
+    cands = candidates(req.gpus, req.max_degree, tuple(req.batches), req.options, req.schemes)
     fits: list[Layout] = []
     for par, b in cands:
         try:
-            validate_parallel(model, par, seq_len, b)
+            validate_parallel(req.model, par, req.seq_len, b)
         except ConfigError:
             continue
-        work = Workload(model, seq_len, b, mode="train")
+        work = Workload(req.model, req.seq_len, b, mode="train")
         mem = memory_breakdown(par, work)["total"]
         if mem > hw.mem_bytes:
             continue
-        ct = cluster_throughput(par, work, hw, gpus, overlap=overlap)
+        ct = cluster_throughput(par, work, hw, req.gpus, overlap=req.overlap)
         fits.append(
             Layout(
                 par,

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tspbench.config import ModelConfig
+from tspbench.config import GIB, ModelConfig
 from tspbench.parallel import ParallelConfig
 from tspbench.predict.costmodel import (
     BYTES,
@@ -29,7 +29,6 @@ from tspbench.predict.costmodel import (
     params_per_device,
 )
 
-GIB = 2**30
 PARAMS_RTOL = 0.02  # allocator-free byte counts; 2 % leaves room for small buffers counted as parameters
 COMM_RTOL = 1e-6  # counted bytes vs the formula: exact up to float rounding (tests/parity/test_accounting.py)
 MFU_KEYS = ("mfu_causal_pct", "mfu_noncausal_pct", "hfu_pct")

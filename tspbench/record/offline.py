@@ -14,25 +14,21 @@ from __future__ import annotations
 
 import time
 
-from tspbench.predict.costmodel import BYTES
+from tspbench.config import GB, GIB
+from tspbench.predict.costmodel import BYTES, Workload
 from tspbench.record.schema import base_record
 from tspbench.record.spec import RunSpec
 
-GIB = float(2**30)
 MODEL_SUFFIX = "-model"  # run_id suffix of the modelled twin of an estimated run (execution=auto fallback)
 
 
 def estimated_record(spec: RunSpec) -> dict:
-    from tspbench.predict.estimate import estimate
+    from tspbench.predict.estimate import EstimateOptions, estimate
 
     est = estimate(
-        spec.model_config(),
         spec.parallel(),
-        spec.seq_len,
-        spec.batch,
-        mode=spec.mode,
-        dtype=spec.dtype,
-        hardware=spec.hardware,
+        Workload(spec.model_config(), spec.seq_len, spec.batch, mode=spec.mode, dtype=spec.dtype),
+        EstimateOptions(hardware=spec.hardware),
     )
     rec = base_record(spec, est.get("status", "ok"), est.get("reason"))
     rec["method"] = "estimated"
@@ -91,7 +87,7 @@ def _modelled(spec: RunSpec, m: dict, mem_total: float, hw, hw_name: str, run_id
     rec = base_record(
         spec,
         "ok" if fits else "oom",
-        None if fits else f"predicted {mem_total / 1e9:.1f} GB > {hw.mem_bytes / 1e9:.0f} GB of {hw_name}",
+        None if fits else f"predicted {mem_total / GB:.1f} GB > {hw.mem_bytes / GB:.0f} GB of {hw_name}",
     )
     rec["method"], rec["hardware"], rec["metrics"] = "modelled", hw_name, m
     rec["run_id"] = run_id or spec.run_id

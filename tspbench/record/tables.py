@@ -7,6 +7,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
+from tspbench.config import GB, GIB_TO_GB
 from tspbench.parallel import SCHEMES, ParallelConfig
 from tspbench.record.schema import STATUSES, current_records
 
@@ -87,7 +88,6 @@ def summary_table(records: Iterable[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-GIB_TO_GB = 1.073741824  # records store GiB; the terminal, like the report and the paper, says GB
 GLOO_PATH = re.compile(r"\s*\[?[^\s\[\]]*/(?:gloo|third_party)/[^\s\]]*\]?")
 
 
@@ -154,7 +154,7 @@ def breakdown_table(records: Iterable[dict[str, Any]]) -> str:
             f"{r['method']:<9} {r.get('hardware') or '-'!s:<7} "
             + " ".join(f"{f(gb(m.get(f'mem_{c}_gib')), '6.2f'):>6}" for c in cats)
             + f" {f(gb(m.get('mem_total_gib')), '7.2f'):>7} {f(tps, ',.0f'):>14} "
-            + f"{f(comm / 1e9 if comm else None, '.3f'):>13}"
+            + f"{f(comm / GB if comm else None, '.3f'):>13}"
             + ("" if r["status"] == "ok" else f"  {r['status']}")
         )
     return "\n".join(lines)

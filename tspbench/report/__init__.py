@@ -3,7 +3,7 @@
     from tspbench.report import build_report
     html = build_report(["results/"], out=Path("reports/run1.html"), title="llama7b sweep")
 
-or `python -m tspbench.report results/ --out reports/run1.html`. See build.py for the flow. The report reads
+or `python -m tspbench.report out=reports/run1.html results/`. See build.py for the flow. The report reads
 records only: run records, plan records (its Pareto page) and validation records (its trust section), each input
 once; tspbench.run.context writes the last two for an experiment.
 """

@@ -1,37 +1,62 @@
-"""`python -m tspbench.report PATH... [--out reports/NAME.html] [--title T]`."""
+"""`python -m tspbench.report [out=reports/NAME.html] [title=T] PATH ...`: records → one self-contained HTML report.
+
+The command line only; the report is tspbench/report/build.py. It reads the records of the given JSONL files and
+directories once (run, plan and validation records alike) and refuses, with one line and exit code 2, inputs
+that hold nothing to report.
+"""
 
 from __future__ import annotations
 
-import argparse
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from tspbench import cli
+from tspbench.config import ConfigError
 from tspbench.record.store import RecordSet, read_all
 from tspbench.report.build import build_report
 
 
+@dataclass
+class ReportConfig:
+    """`python -m tspbench.report`: which records, and where the page goes."""
+
+    paths: list[str] = field(default_factory=list)
+    """JSONL files or directories (searched for *.jsonl): run, plan and validation records."""
+    out: str | None = None
+    """HTML path (default reports/report-<timestamp>.html); the .csv and .md exports of the claims go beside it."""
+    title: str | None = None
+    """The page's title (default: "tspbench report: TSP claims vs these results")."""
+
+
+EXAMPLES = [
+    "python -m tspbench.report results/                                 # every record under results/",
+    "python -m tspbench.report out=reports/run1.html title='llama7b sweep' results/2026-12-04_10-00-00_llama7b",
+]
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m tspbench.report", description="Build the self-contained HTML report from JSONL results."
-    )
-    ap.add_argument("paths", nargs="+", help="JSONL files or directories (searched for *.jsonl)")
-    ap.add_argument(
-        "--out",
-        type=Path,
-        default=None,
-        help="HTML path (default reports/report-<timestamp>.html); .csv/.md go beside it",
-    )
-    ap.add_argument("--title", default=None)
-    args = ap.parse_args(argv)
-    missing = [p for p in args.paths if not Path(p).exists()]
-    if missing:
-        ap.error(f"no such file or directory: {', '.join(missing)}")
-    inputs = read_all(args.paths)  # the one read of the inputs: checked here, then built from
-    refused = check_inputs(args.paths, inputs)
-    if refused:
-        print(f"python -m tspbench.report: {refused}", file=sys.stderr)
+    argv = sys.argv[1:] if argv is None else argv
+    if cli.wants_help(argv):
+        intro = "Build the self-contained HTML report from JSONL records."
+        print(cli.help_text("tspbench.report", ReportConfig(), intro, EXAMPLES, positional="paths"))
+        return 0
+    try:
+        rc = cli.parse_options(ReportConfig, argv, positional="paths")
+        if not rc.paths:
+            raise ConfigError("no PATH given; give results.jsonl files or the run dirs holding them")
+        missing = [p for p in rc.paths if not Path(p).exists()]
+        if missing:
+            raise ConfigError(f"no such file or directory: {', '.join(missing)}")
+    except ConfigError as e:
+        print(f"tspbench.report: {e}", file=sys.stderr)
         return 2
-    out = build_report(args.paths, out=args.out, title=args.title, inputs=inputs)
+    inputs = read_all(rc.paths)  # the one read of the inputs: checked here, then built from
+    refused = check_inputs(rc.paths, inputs)
+    if refused:
+        print(f"tspbench.report: {refused}", file=sys.stderr)
+        return 2
+    out = build_report(list(map(Path, rc.paths)), out=Path(rc.out) if rc.out else None, title=rc.title, inputs=inputs)
     print(out)
     return 0
 
@@ -47,7 +72,7 @@ def check_inputs(paths: list[str], inputs: RecordSet | None = None) -> str | Non
         if not last:
             return f"{f}:{line}: not a JSON record; repair or delete that line (records are one JSON object a line)"
         print(
-            f"python -m tspbench.report: warning: {f}:{line}: torn last line skipped (a crash mid-write)",
+            f"tspbench.report: warning: {f}:{line}: torn last line skipped (a crash mid-write)",
             file=sys.stderr,
         )
     if not any(inputs.by_kind.values()):

@@ -1,5 +1,5 @@
 """The report's "How far to trust the predictions" section: the validation records among the report's inputs
-(kind "validation", docs/records.md#validation-records: `python -m tspbench.validate --out PATH`, or the run flow's
+(kind "validation", docs/records.md#validation-records: `python -m tspbench.validate out=PATH`, or the run flow's
 tspbench.run.context) as a table of published vs predicted per row and quantity, the median / worst absolute error
 per subset, and a predicted-vs-published scatter per quantity. Records only: nothing is predicted here, and no
 file the report was not given is read."""
@@ -21,7 +21,7 @@ QUANTITIES: dict[str, tuple[str, float]] = {
     "step_s": ("iteration time (s)", 1.0),
 }
 SUBSETS = ("calibration", "validation")
-VALIDATE_COMMAND = "python -m tspbench.validate --out results/validation.jsonl"
+VALIDATE_COMMAND = "python -m tspbench.validate out=results/validation.jsonl"
 """The command that writes the records this section reads (named when the inputs hold none)."""
 
 

@@ -9,8 +9,7 @@ prints the summary table and the path, then the sweep's counts line; it exits 1 
 
 from __future__ import annotations
 
-import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,24 +18,23 @@ from omegaconf import DictConfig
 
 
 def combine(sweep_dir: Path, extra: Sequence[Path] = ()) -> Path:
-    """Concatenate every job's results.jsonl under `sweep_dir` (plus `extra` files) into
-    `<sweep_dir>/results.jsonl` (atomic replace). Returns its path."""
-    from tspbench.record.store import RESULTS_FILE
+    """Concatenate every job's results.jsonl under `sweep_dir` (in job order, plus `extra` files) into
+    `<sweep_dir>/results.jsonl`, rewritten whole each time (record.store.atomic_write: the old file stays as it was
+    if anything fails). Returns its path."""
+    from tspbench.record.store import RESULTS_FILE, atomic_write
 
     out = sweep_dir / RESULTS_FILE
     jobs = sorted(
         (p for p in sweep_dir.rglob(RESULTS_FILE) if p != out),
         key=lambda p: [int(s) if s.isdigit() else s for s in p.relative_to(sweep_dir).parts],
     )
-    tmp = out.with_suffix(".jsonl.tmp")
-    with open(tmp, "w") as f:
+
+    def chunks() -> Iterator[str]:
         for p in [*jobs, *extra]:
             text = p.read_text()
-            f.write(text if not text or text.endswith("\n") else text + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    tmp.replace(out)
-    return out
+            yield text if not text or text.endswith("\n") else text + "\n"
+
+    return atomic_write(out, chunks())
 
 
 class CombineResults(Callback):

@@ -6,7 +6,7 @@ validation records and its Pareto page plan records. An experiment writes them n
 tspbench.record.store.write_records (atomic, each record guarded: docs/records.md#record-kinds-writers-and-guards):
 
     <out_dir>/validation.jsonl  the cost model against every row of conf/published (tspbench.predict.published),
-                                as `python -m tspbench.validate --out <out_dir>/validation.jsonl` writes it
+                                as `python -m tspbench.validate out=<out_dir>/validation.jsonl` writes it
     <out_dir>/plan.jsonl        the planner's fitting layouts on the paper's setting (predict/planner.py
                                 PAPER_SETTING: llama7b, 128K, 1,024 MI300X) under the `schedule` overlap rule, as
                                 `python -m tspbench.plan model=llama7b seq_len=131072 gpus=1024 hardware=mi300x
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from tspbench.config import model_preset
-from tspbench.predict.planner import PAPER_SETTING, plan, plan_records
+from tspbench.predict.planner import PAPER_SETTING, PlanRequest, plan, plan_records
 from tspbench.predict.published import default_files, load_rows, record
 from tspbench.record.store import write_records
 
@@ -39,7 +39,9 @@ def validation_records() -> list[dict[str, Any]]:
 def paper_plan_records() -> list[dict[str, Any]]:
     """The planner's records for the paper's setting (docs/records.md#plan-records), best layout first."""
     s = PAPER_SETTING
-    ranked, _ = plan(model_preset(s["model"]), s["seq_len"], s["gpus"], s["hardware"], overlap=PLAN_OVERLAP)
+    ranked, _ = plan(
+        PlanRequest(model_preset(s["model"]), s["seq_len"], s["gpus"], s["hardware"], overlap=PLAN_OVERLAP)
+    )
     return plan_records(ranked, **s, overlap=PLAN_OVERLAP)
 
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tspbench.config import GIB
 from tspbench.record.spec import RunSpec
 
-GIB = 2**30
 GPU_SLACK = 1.25
 """On GPU a run is refused only when the predicted peak exceeds free memory by this factor: a real CUDA OOM is
 caught by the worker and recorded anyway, so only clear misfits are worth refusing there (a borderline run is

@@ -2,15 +2,16 @@
 
 Reads a frozen RunSpec (JSON, written by the parent launcher), joins the default process group from the
 torchrun environment (RANK, WORLD_SIZE, LOCAL_RANK; gloo on CPU, NCCL on CUDA), builds the scheme's model
-from the seed, and runs:
+from the seed, and runs (`benchmark`, one function per phase):
 
-    (decode only)     the KV-cache prefill of seq_len tokens and the first generated token, timed once with
-                      syncs at its edges (prefill_ms, ttft_ms)
-    step 0            untimed; the CommLog records every collective (comm bytes per layer), then stops
-    warm-up           warmup_steps − 1 more untimed steps
-    measured window   sync → measured_steps steps (no sync, no .item()) → sync; time, peak memory and
+    setup             the model, the batch, the optimizer; (decode only) the KV-cache prefill of seq_len
+                      tokens and the first generated token, timed once with syncs at its edges (prefill_ms, ttft_ms)
+    first_steps       step 0, untimed; the CommLog records every collective (comm bytes per layer), then stops;
+                      then warmup_steps − 1 more untimed steps
+    measured_window   sync → measured_steps steps (no sync, no .item()) → sync; time, peak memory and
                       energy are read together at the edges
-    breakdown         one more untimed step under MemTracker (per-category peak)
+    replica_loss      the last step's loss, read on the host only now
+    after_window      one more untimed step under MemTracker (per-category peak), replica checksums
     gather            every rank's numbers to rank 0, which appends the one record (docs/records.md)
 
 Hydra is never involved here, so the same command runs under a cluster's own
@@ -30,17 +31,20 @@ import platform
 import sys
 import time
 import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from tspbench.config import DTYPES
+from tspbench.config import DTYPES, GIB
 from tspbench.measure import energy as energy_mod
 from tspbench.measure import memory as memory_mod
 from tspbench.measure import timing
-from tspbench.record.measured import build_record
+from tspbench.record.measured import Gathered, build_record
 from tspbench.record.spec import RunSpec
 from tspbench.record.store import append_record
 from tspbench.schemes.base import local_tensor
@@ -111,16 +115,91 @@ def replica_checksums(pm) -> dict[str, tuple[int, float, float]]:
     return out
 
 
+@dataclass
+class Loop:
+    """One rank's run, as set up once: the scheme's model, its local batch, the optimizer (train) and the step
+    every phase calls. Built by `setup`."""
+
+    spec: RunSpec
+    device: torch.device
+    pm: Any
+    """The scheme's ParallelModel."""
+    log: Any
+    """Its CommLog: records step 0's collectives, then is switched off."""
+    opt: Any
+    """MixedPrecisionAdamW for train, else None."""
+    train_step: Callable[..., torch.Tensor]
+    """tspbench.schemes.train.train_step: the step tspbench.verify proves."""
+    tokens: torch.Tensor
+    """The global batch (decode: the prompt plus one token per step the run will decode)."""
+    tok: torch.Tensor
+    tgt: torch.Tensor
+    pos: torch.Tensor
+    position: int = 0
+    """decode: the position of the next token to decode."""
+    steps_taken: int = 0
+    """Optimizer steps so far (state_file)."""
+    serving: dict = field(default_factory=dict)
+    """decode: prefill_ms and ttft_ms (then the KV cache's size, after the window)."""
+
+    @property
+    def decode_mode(self) -> bool:
+        return self.spec.mode == "decode"
+
+    def step(self) -> torch.Tensor | None:
+        """One step of the run's mode; returns the loss tensor (train, forward), never reading it on the host."""
+        if self.decode_mode:
+            p = self.position
+            self.position += 1
+            self.pm.decode(self.tokens[:, p : p + 1], p)
+            return None
+        if self.opt is not None:
+            self.steps_taken += 1
+            return self.train_step(self.pm, self.opt, self.tok, self.tgt, self.pos)
+        with torch.no_grad():
+            return self.pm.loss(self.tok, self.tgt, self.pos)[0]
+
+
+@dataclass
+class Window:
+    """What the measured window yields on this rank."""
+
+    step_ms: list[float]
+    window_s: float
+    energy: Any
+    """energy.EnergyResult."""
+    peaks: dict
+    """memory.device_peaks over the window."""
+    loss: torch.Tensor | None
+    """The last step's loss tensor (still on the device)."""
+
+
 def benchmark(spec: RunSpec, device: torch.device, rank: int, world: int) -> dict | None:
     """Collective over the default group; returns the record on rank 0, None elsewhere."""
+    started = now()
+    run = setup(spec, device)
+    comm = first_steps(run, Fault(spec.fault, rank))
+    n_tokens = timing.tokens_per_step(spec.parallel(), spec.batch, spec.seq_len, spec.mode)
+    window = measured_window(run, rank, n_tokens)
+    loss = replica_loss(run, window.loss)
+    mine = after_window(run, rank, comm, window)
+    gathered: list = [None] * world
+    dist.all_gather_object(gathered, mine)
+    if rank != 0:
+        return None
+    launcher = os.environ.get("TSPBENCH_LAUNCHER", "torchrun")
+    return build_record(spec, Gathered(gathered, loss, n_tokens, started, now(), dist.get_backend(), launcher))
+
+
+def setup(spec: RunSpec, device: torch.device) -> Loop:
+    """The scheme's model from the seed, the batch, the optimizer; decode: the prompt's prefill, timed once."""
     from tspbench.model import synthetic_batch
     from tspbench.schemes import ApplyArgs, apply_scheme, build_mesh
     from tspbench.schemes.comm import CommLog
     from tspbench.schemes.train import MixedPrecisionAdamW, train_step
 
-    started = now()
     cfg, par = spec.model_config(), spec.parallel()
-    train, decode = spec.mode == "train", spec.mode == "decode"
+    decode = spec.mode == "decode"
     log = CommLog()
     pm = apply_scheme(
         cfg, par, ApplyArgs(build_mesh(par, device.type), spec.seq_len, spec.seed, DTYPES[spec.dtype], device, log)
@@ -130,98 +209,89 @@ def benchmark(spec: RunSpec, device: torch.device, rank: int, world: int) -> dic
     tokens, targets = synthetic_batch(cfg, par.dp * spec.batch, spec.seq_len + extra, spec.seed, device)
     s = spec.seq_len
     tok, tgt, pos = pm.local_batch(tokens[:, :s], targets[:, :s])
-    opt = MixedPrecisionAdamW(list(pm.parameters()), lr=spec.lr) if train else None
-    fault = Fault(spec.fault, rank)
-    serving: dict = {}
+    opt = MixedPrecisionAdamW(list(pm.parameters()), lr=spec.lr) if spec.mode == "train" else None
+    run = Loop(spec, device, pm, log, opt, train_step, tokens, tok, tgt, pos)
     if decode:
-        serving = prefill(pm, tok, pos, device, new_tokens=extra, seq_len=s)
-        position = [s]
+        run.serving = prefill(pm, tok, pos, device, new_tokens=extra, seq_len=s)
+        run.position = s
+    return run
 
-    steps_taken = [0]
 
-    def step() -> torch.Tensor | None:
-        if decode:
-            p = position[0]
-            position[0] += 1
-            pm.decode(tokens[:, p : p + 1], p)
-            return None
-        if opt is not None:
-            steps_taken[0] += 1
-            return train_step(pm, opt, tok, tgt, pos)  # the step tspbench.verify proves
-        else:
-            with torch.no_grad():
-                loss = pm.loss(tok, tgt, pos)[0]
-        return loss
-
-    # -- step 0 (accounting) and warm-up ------------------------------------------------------------
+def first_steps(run: Loop, fault: Fault) -> dict:
+    """Step 0 (untimed; the CommLog records every collective, then stops; an injected fault fires here) and the
+    rest of the warm-up. Returns layer 0's communication (comm_per_layer)."""
     fault.fire()
-    step()
-    comm = comm_per_layer(log)
-    log.enabled = False
-    for _ in range(spec.warmup_steps - 1):
-        step()
+    run.step()
+    comm = comm_per_layer(run.log)
+    run.log.enabled = False
+    for _ in range(run.spec.warmup_steps - 1):
+        run.step()
+    return comm
 
-    # -- measured window -------------------------------------------------------------------------------
-    n = spec.measured_steps
-    n_tokens = timing.tokens_per_step(par, spec.batch, spec.seq_len, spec.mode)
+
+def measured_window(run: Loop, rank: int, n_tokens: int) -> Window:
+    """sync → measured_steps steps → sync: timer.start() and timer.stop() are the window's only syncs. Inside it
+    nothing calls .item() or otherwise waits on the device (the progress line reads the host clock only); the loss
+    stays a device tensor until `replica_loss`. Time, peak memory and energy are read together at the edges."""
+    n, device = run.spec.measured_steps, run.device
     memory_mod.reset_peaks(device)
-    timer, meter = timing.StepTimer(device), energy_mod.EnergyMeter(device, spec.power_sample_s)
+    timer, meter = timing.StepTimer(device), energy_mod.EnergyMeter(device, run.spec.power_sample_s)
     last_print = 0.0
+    loss = None
     timer.start()
     meter.start()
     for i in range(n):
-        loss = step()
+        loss = run.step()
         timer.step()
         if rank == 0 and (time.perf_counter() - last_print > 0.5 or i == n - 1):
             last_print = time.perf_counter()  # host clock only: a progress line, not a measurement
             print(f"{PROGRESS_PREFIX} step {i + 1}/{n} {n_tokens * (i + 1) / timer.elapsed_s():.0f} tok/s", flush=True)
     step_ms = timer.stop()
     energy = meter.stop()
-    peaks = memory_mod.device_peaks(device)
+    return Window(step_ms, timer.window_s, energy, memory_mod.device_peaks(device), loss)
 
-    # -- after the window: loss value, memory breakdown ------------------------------------------------
-    loss_value = None
-    if loss is not None:
-        loss_t = pm.replica_loss(loss).float()
-        if pm.dp is not None:
-            dist.all_reduce(loss_t, group=pm.dp.group)
-            loss_t /= pm.dp.size
-        loss_value = float(loss_t.item())
-    mem = memory_mod.breakdown(step, pm, opt.opt if opt is not None else None, device) if spec.memory_breakdown else {}
-    if decode:
-        serving["kv_cache_gib"] = pm.kv_cache_bytes() / memory_mod.GIB
-        serving["kv_cache_allocated_gib"] = pm.kv_cache_bytes(allocated=True) / memory_mod.GIB
+
+def replica_loss(run: Loop, loss: torch.Tensor | None) -> float | None:
+    """After the window: the last step's loss, averaged over the data-parallel replicas (None for decode)."""
+    if loss is None:
+        return None
+    loss_t = run.pm.replica_loss(loss).float()
+    if run.pm.dp is not None:
+        dist.all_reduce(loss_t, group=run.pm.dp.group)
+        loss_t /= run.pm.dp.size
+    return float(loss_t.item())
+
+
+def after_window(run: Loop, rank: int, comm: dict, window: Window) -> dict:
+    """The memory breakdown (one more untimed step under MemTracker), the KV cache's size (decode), the replica
+    checksums and optimizer state (train), the trained state for tests (state_file), and this rank's numbers for
+    the gather (record.measured.RankNumbers)."""
+    spec, pm, opt = run.spec, run.pm, run.opt
+    mem = (
+        memory_mod.breakdown(run.step, pm, opt.opt if opt is not None else None, run.device)
+        if spec.memory_breakdown
+        else {}
+    )
+    if run.decode_mode:
+        run.serving["kv_cache_gib"] = pm.kv_cache_bytes() / GIB
+        run.serving["kv_cache_allocated_gib"] = pm.kv_cache_bytes(allocated=True) / GIB
     sync = replica_checksums(pm) if opt is not None else {}
     if spec.state_file and opt is not None:  # tests: the trained parameters, back to full shape, on rank 0
         full = {k: v.cpu() for k, v in pm.full_state(grads=False).items()}
         if rank == 0:
-            torch.save({"params": full, "optimizer_steps": steps_taken[0]}, spec.state_file)
-    mine = {
+            torch.save({"params": full, "optimizer_steps": run.steps_taken}, spec.state_file)
+    return {
         "optimizer_state_bytes": opt.state_bytes() if opt is not None else None,
         "replicas": sync,
-        "step_ms": step_ms,
-        "window_s": timer.window_s,
-        "peaks": peaks,
+        "step_ms": window.step_ms,
+        "window_s": window.window_s,
+        "peaks": window.peaks,
         "mem": mem,
-        "serving": serving,
-        "energy": energy.__dict__,
+        "serving": run.serving,
+        "energy": window.energy.__dict__,
         "comm": comm,
-        "device_name": device_name(device),
+        "device_name": device_name(run.device),
     }
-    gathered: list = [None] * world
-    dist.all_gather_object(gathered, mine)
-    if rank != 0:
-        return None
-    return build_record(
-        spec,
-        gathered,
-        loss_value,
-        n_tokens,
-        started,
-        now(),
-        dist.get_backend(),
-        os.environ.get("TSPBENCH_LAUNCHER", "torchrun"),
-    )
 
 
 def prefill(pm, tok: torch.Tensor, pos: torch.Tensor, device: torch.device, new_tokens: int, seq_len: int) -> dict:

@@ -11,7 +11,7 @@ tspbench.verify.case).
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
@@ -26,32 +26,76 @@ from tspbench.verify.case import check_tensor as _check
 LR, WEIGHT_DECAY = 1e-2, 0.1  # a large step, so an optimizer that sees a wrong gradient visibly diverges
 
 
+@dataclass
+class Sharded:
+    """The sharded model after the shared training step, and what was observed at its phases."""
+
+    pm: Any
+    """The scheme's ParallelModel (parameters updated by the step)."""
+    seen: dict[str, Any]
+    """loss, logits, full_logits, grads (after the sync, before the update), comm / ops / edges (layer 0's and the
+    embedding's and head's collectives of one forward + backward)."""
+    saved: list[int]
+    """[bytes the forward saved for backward], filled while the step runs."""
+
+
+@dataclass
+class Reference:
+    """The single-device model after the same step: logits, loss, gradients, updated parameters."""
+
+    logits: torch.Tensor
+    loss: torch.Tensor
+    grads: dict[str, torch.Tensor]
+    params: dict[str, torch.nn.Parameter]
+
+
 def run_case(vc: VerifyConfig, breakage: str | None = None) -> CaseResult | None:
     """Collective over the default process group (world = dp × degree). Returns the result on rank 0."""
+    par = vc.parallel()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    assert world == par.world_size, (world, par.world_size)
+    device = torch.device("cuda", torch.cuda.current_device()) if vc.device == "cuda" else torch.device("cpu")
+    tokens, targets = synthetic_batch(vc.model, par.dp * vc.batch, vc.seq_len, vc.seed, device)
+    sharded = sharded_step(vc, breakage, device, tokens, targets)
+    everyone = full_views(sharded, world)
+    if rank != 0:
+        return None
+    ref = reference_step(vc, device, tokens, targets)
+    sizes = [r["sizes"] for r in everyone]
+    return CaseResult(
+        asdict(vc),
+        compare(vc, everyone, ref),
+        sharded.seen["comm"],
+        sharded.seen["ops"],
+        sharded.seen["edges"],
+        [s[0] for s in sizes],
+        [s[1] for s in sizes],
+        breakage,
+        local_numel=[r["local_numel"] for r in everyone],
+    )
+
+
+def sharded_step(
+    vc: VerifyConfig, breakage: str | None, device: torch.device, tokens: torch.Tensor, targets: torch.Tensor
+) -> Sharded:
+    """The sharded model (with `breakage` applied, if any): the shared training step, observed at its phases."""
     from tspbench.measure.memory import saved_tensor_bytes
     from tspbench.schemes import ApplyArgs, apply_scheme, build_mesh
     from tspbench.schemes.base import local_tensor
     from tspbench.schemes.comm import CommLog
     from tspbench.schemes.train import MixedPrecisionAdamW, train_step
 
-    par = vc.parallel()
-    rank, world = dist.get_rank(), dist.get_world_size()
-    assert world == par.world_size, (world, par.world_size)
-    dtype, tol = DTYPES[vc.dtype], TOL[vc.dtype]
-    device = torch.device("cuda", torch.cuda.current_device()) if vc.device == "cuda" else torch.device("cpu")
-    tokens, targets = synthetic_batch(vc.model, par.dp * vc.batch, vc.seq_len, vc.seed, device)
-
-    # -- sharded model: the shared training step, observed at its phases ---------------------------------
+    par, dtype = vc.parallel(), DTYPES[vc.dtype]
     log = CommLog()
     mesh = build_mesh(par, device.type)
     seen: dict[str, Any] = {}
+    saved = [0]
     with _breakage(breakage):
         pm = apply_scheme(vc.model, par, ApplyArgs(mesh, vc.seq_len, vc.seed, dtype, device, log))
         if vc.grad_bucket_elems:
             pm.grad_bucket_elems = vc.grad_bucket_elems
         tok, tgt, pos = pm.local_batch(tokens, targets)
         opt = MixedPrecisionAdamW(list(pm.parameters()), lr=LR, weight_decay=WEIGHT_DECAY)
-        saved = [0]
         param_keys = {local_tensor(p).untyped_storage().data_ptr() for p in pm.parameters()}
         forward_only = saved_tensor_bytes(param_keys, saved)  # bytes saved for backward by the forward
         forward_only.__enter__()
@@ -72,8 +116,15 @@ def run_case(vc: VerifyConfig, breakage: str | None = None) -> CaseResult | None
             seen["full_logits"] = pm.full_logits(seen["logits"])  # (vocab=ring computes them from the head)
 
         train_step(pm, opt, tok, tgt, pos, phase=phase, on_forward=on_forward, on_grads=on_grads)
+    return Sharded(pm, seen, saved)
 
-    # -- every rank's view, at full shape ------------------------------------------------------------------
+
+def full_views(sharded: Sharded, world: int) -> list[dict[str, Any]]:
+    """Every rank's view at full shape, gathered on every rank: its replica's loss, logits, gradients, updated
+    parameters, (parameter bytes, saved bytes) and local parameter sizes."""
+    from tspbench.schemes.base import local_tensor
+
+    pm, seen = sharded.pm, sharded.seen
     replica_loss = pm.replica_loss(seen["loss"])
     if pm.dp is not None:
         dist.all_reduce(replica_loss, group=pm.dp.group)
@@ -84,16 +135,19 @@ def run_case(vc: VerifyConfig, breakage: str | None = None) -> CaseResult | None
         "logits": seen["full_logits"].cpu(),
         "grads": {k: v.cpu() for k, v in pm.full_state_of(seen["grads"]).items()},
         "params": {k: v.cpu() for k, v in pm.full_state(grads=False).items()},
-        "sizes": (pm.param_bytes(), saved[0]),
+        "sizes": (pm.param_bytes(), sharded.saved[0]),
         "local_numel": {pm.shards[n].name: local_tensor(p).numel() for n, p in pm.named_local_params()},
     }
     everyone: list = [None] * world
     dist.all_gather_object(everyone, mine)
-    if rank != 0:
-        return None
+    return everyone
 
-    # -- reference, same seed, same global batch, same optimizer ------------------------------------------
-    ref = build_model(vc.model, vc.seed, dtype, device, recompute="none")
+
+def reference_step(vc: VerifyConfig, device: torch.device, tokens: torch.Tensor, targets: torch.Tensor) -> Reference:
+    """The single-device model: same seed, same global batch, same optimizer."""
+    from tspbench.schemes.train import MixedPrecisionAdamW
+
+    ref = build_model(vc.model, vc.seed, DTYPES[vc.dtype], device, recompute="none")
     ref_logits = ref(tokens)
     ref_loss = token_loss_sum(ref_logits, targets) / targets.numel()
     ref_loss.backward()
@@ -101,7 +155,13 @@ def run_case(vc: VerifyConfig, breakage: str | None = None) -> CaseResult | None
     ref_grads = {n: _grad(p).detach().clone() for n, p in ref_params.items()}
     ref_opt = MixedPrecisionAdamW(list(ref.parameters()), lr=LR, weight_decay=WEIGHT_DECAY)
     ref_opt.step()
-    b = vc.batch
+    return Reference(ref_logits, ref_loss, ref_grads, ref_params)  # params: updated in place by the step
+
+
+def compare(vc: VerifyConfig, everyone: list[dict[str, Any]], ref: Reference) -> list[TensorCheck]:
+    """Loss, logits (each rank against its replica's rows), every gradient and (float64) every updated
+    parameter: each tensor's check is the worst rank's."""
+    tol, world, b = TOL[vc.dtype], len(everyone), vc.batch
 
     def worst(name: str, got: list[torch.Tensor], want: list[torch.Tensor]) -> TensorCheck:
         """The check of the rank furthest from the reference."""
@@ -109,25 +169,14 @@ def run_case(vc: VerifyConfig, breakage: str | None = None) -> CaseResult | None
 
     rows = [slice(r["replica"] * b, (r["replica"] + 1) * b) for r in everyone]
     checks = [
-        worst("loss", [r["loss"] for r in everyone], [ref_loss] * world),
-        worst("logits", [r["logits"] for r in everyone], [ref_logits[s] for s in rows]),
+        worst("loss", [r["loss"] for r in everyone], [ref.loss] * world),
+        worst("logits", [r["logits"] for r in everyone], [ref.logits[s] for s in rows]),
     ]
-    checks += [worst(f"grad/{n}", [r["grads"][n] for r in everyone], [g] * world) for n, g in ref_grads.items()]
+    checks += [worst(f"grad/{n}", [r["grads"][n] for r in everyone], [g] * world) for n, g in ref.grads.items()]
     # The AdamW step is compared in float64 only (tspbench.verify.case explains why).
     if vc.optimizer_step and vc.dtype == "float64":
-        checks += [worst(f"param/{n}", [r["params"][n] for r in everyone], [p] * world) for n, p in ref_params.items()]
-    sizes = [r["sizes"] for r in everyone]
-    return CaseResult(
-        asdict(vc),
-        checks,
-        seen["comm"],
-        seen["ops"],
-        seen["edges"],
-        [s[0] for s in sizes],
-        [s[1] for s in sizes],
-        breakage,
-        local_numel=[r["local_numel"] for r in everyone],
-    )
+        checks += [worst(f"param/{n}", [r["params"][n] for r in everyone], [p] * world) for n, p in ref.params.items()]
+    return checks
 
 
 def _grad(p: torch.nn.Parameter) -> torch.Tensor:

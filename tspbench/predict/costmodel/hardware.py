@@ -45,6 +45,10 @@ class HardwareProfile:
     fabrics such as NVSwitch). On a fully connected mesh (MI300X) a single peer link carries it."""
     sources: list[str] = field(default_factory=list)
     """Where every number comes from."""
+    device_names: list[str] = field(default_factory=list)
+    """Substrings of `torch.cuda.get_device_name()` this profile describes (case-insensitive; the longest matching
+    pattern of any profile wins): how a measured record finds its MFU peak, `peak_flops_bf16`
+    (tspbench.measure.flops.peak_flops). Empty: no device maps to it (cpu)."""
     attention_forward_efficiency: float | None = None
     """Fraction of peak the attention kernel reaches in forward; None = matmul_efficiency (the datasheet assumption).
     Set only by a calibration file (`calibration`)."""
@@ -94,6 +98,7 @@ def load_hardware(name: str, conf_dir: str | Path | None = None) -> HardwareProf
         "comm_efficiency",
     ):
         data[key] = float(data[key])  # YAML 1.1 reads "1e12" (no sign, no dot) as a string
+    data["device_names"] = [str(s) for s in data.get("device_names") or []]
     profile = HardwareProfile(**data)
     calib = path.with_name(f"{name}.calibration.json")
     if calib.exists():
