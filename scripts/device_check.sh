@@ -19,7 +19,7 @@
 # schemes at llama7b shapes, real CUDA allocations under the fake process group, beside the fake-tensor
 # estimate and the cost model; (3) timing: single-GPU runs through the runner (CUDA-event step times, prefill,
 # time to first token, decode p50/p99, allocator peaks, NVML energy). Never multi-GPU throughput.
-# (4) compute-only time: `gpu_check --time`, rank 0's forward and training step at paper shapes (collectives are
+# (4) compute-only time: `gpu_check time=true`, rank 0's forward and training step at paper shapes (collectives are
 # no-ops) and the GEMM / attention efficiencies, written to $OUT/h200.calibration.json (commit it beside
 # conf/hardware/h200.yaml for the time model to use it).
 set -uo pipefail
@@ -45,9 +45,9 @@ if [ "$DRY" = 0 ]; then
     > "$OUT/env.txt" 2>&1
 fi
 step 90 "$OUT/gpu_tests.txt" "$OUT/gpu_tests.txt" $PY -m pytest -q -p no:cacheprovider -m gpu tests/gpu
-step 180 "$OUT/gpu_check.jsonl" "$OUT/gpu_check.err" $PY -m tspbench.gpu_check --device cuda
-step 100 "$OUT/gpu_time.jsonl" "$OUT/gpu_time.err" $PY -m tspbench.gpu_check --device cuda --time --hardware h200 \
-  --calibration-out "$OUT"
+step 180 "$OUT/gpu_check.jsonl" "$OUT/gpu_check.err" $PY -m tspbench.gpu_check device=cuda
+step 100 "$OUT/gpu_time.jsonl" "$OUT/gpu_time.err" $PY -m tspbench.gpu_check device=cuda time=true hardware=h200 \
+  "calibration_out=$OUT"
 step 100 "$OUT/smoke.txt" "$OUT/smoke.err" $PY -m tspbench +exp=smoke device=cuda 'schemes=[single]' \
   'modes=[train,forward,decode]' model=small dtype=bfloat16 seq_len=4096 "hydra.run.dir=$OUT/run" report=false
 [ "$DRY" = 1 ] && { cat "$OUT/commands.txt"; exit 0; }

@@ -304,13 +304,15 @@ def _convert(key: str, raw: str, hint: Any) -> Any:
         try:
             return [_scalar(v, args[0]) for v in items]
         except ValueError:
-            raise ConfigError(
-                f"{key}={raw!r} must be a comma-separated list of {_word(args[0])}s, e.g. {key}=a,b"
-            ) from None
+            plural, example = _PLURAL.get(args[0], (f"{_word(args[0])} values", "a,b"))
+            raise ConfigError(f"{key}={raw!r} must be comma-separated {plural}, e.g. {key}={example}") from None
     try:
         return _scalar(raw, hint)
     except ValueError:
         raise ConfigError(f"{key}={raw!r} must be {_word(hint)}") from None
+
+
+_PLURAL = {int: ("integers", "1,2"), float: ("numbers", "0.5,1"), bool: ("true/false values", "true,false")}
 
 
 def _scalar(raw: str, t: Any) -> Any:

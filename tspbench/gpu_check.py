@@ -1,11 +1,45 @@
-"""`python -m tspbench.gpu_check ...`: entry point; the check lives in tspbench.predict.gpu_check, and `--time`'s
-calibration file is written through tspbench.record (atomic, guarded: docs/records.md#calibration-files)."""
+"""`python -m tspbench.gpu_check [key=value ...]`: the estimate against a real allocator on ONE accelerator, or
+(`time=true`) rank 0's compute-only step time and the calibration file it yields.
 
+The command line only: the checks are tspbench/predict/gpu_check.py and tspbench/predict/gpu_time.py; the
+calibration file is written through tspbench.record (atomic, guarded: docs/records.md#calibration-files). Prints
+one JSON line per case. A single GPU measures memory and one rank's compute, never multi-GPU throughput.
+"""
+
+from __future__ import annotations
+
+import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
-from tspbench.predict.gpu_check import main
+from tspbench import cli
+from tspbench.config import ConfigError
 from tspbench.record.store import write_json
+
+
+@dataclass
+class GpuCheckConfig:
+    """`python -m tspbench.gpu_check`: what to check on the one device."""
+
+    device: str = "auto"
+    """auto (cuda when present, else cpu) | cuda | cpu (the machinery on a small model; no allocator peaks)."""
+    recompute: str = "full"
+    """Activation recompute of the cases: full (the paper's memory setting) | none."""
+    time: bool = False
+    """Instead of memory: rank 0's compute-only forward and training step time (CUDA events) and the achieved
+    GEMM / attention efficiencies, written as a calibration file (needs CUDA)."""
+    hardware: str = "h200"
+    """Hardware profile (conf/hardware/NAME.yaml) whose bf16 peak the efficiencies divide; names the file."""
+    calibration_out: str = "."
+    """Directory for NAME.calibration.json (commit it beside conf/hardware/NAME.yaml to make the time model use
+    it)."""
+
+
+EXAMPLES = [
+    "python -m tspbench.gpu_check                                  # memory: real allocator vs estimate vs model",
+    "python -m tspbench.gpu_check time=true hardware=h200 calibration_out=results/",
+]
 
 
 def write_calibration(path: Path, calib: dict) -> dict:
@@ -13,5 +47,48 @@ def write_calibration(path: Path, calib: dict) -> dict:
     return write_json(path, calib, kind="calibration")
 
 
+def main(argv: list[str] | None = None) -> int:
+    import torch
+
+    from tspbench.predict.gpu_check import calibration, memory_checks, timing_checks
+
+    argv = sys.argv[1:] if argv is None else argv
+    if cli.wants_help(argv):
+        intro = __doc__.split("\n\n")[0].split(": ", 1)[1]
+        print(cli.help_text("tspbench.gpu_check", GpuCheckConfig(), intro, EXAMPLES))
+        return 0
+    try:
+        gc = cli.parse_options(GpuCheckConfig, argv)
+        device = ("cuda" if torch.cuda.is_available() else "cpu") if gc.device == "auto" else gc.device
+        if device not in ("cuda", "cpu") and not device.startswith("cuda:"):
+            raise ConfigError(f"device={gc.device!r} is unknown; allowed: auto, cuda, cpu")
+        if gc.recompute not in ("full", "none"):
+            raise ConfigError(f"recompute={gc.recompute!r} is unknown; allowed: full, none")
+        if gc.time and not (device.startswith("cuda") and torch.cuda.is_available()):
+            raise ConfigError(
+                "time=true needs a CUDA device (compute-only timing with CUDA events); "
+                f"device={device} and torch.cuda.is_available()={torch.cuda.is_available()}"
+            )
+        if gc.time:
+            from tspbench.predict.costmodel import load_hardware
+
+            peak = load_hardware(gc.hardware).peak_flops_bf16
+    except (ConfigError, ValueError) as e:
+        print(f"tspbench.gpu_check: {e}", file=sys.stderr)
+        return 2
+    if not gc.time:
+        for rec in memory_checks(device, gc.recompute):
+            print(json.dumps(rec), flush=True)
+        return 0
+    calib = calibration(peak)
+    out = Path(gc.calibration_out) / f"{gc.hardware}.calibration.json"
+    written = write_calibration(out, calib)
+    marks = {k: written[k] for k in ("status", "reason") if k in written}
+    print(json.dumps({"calibration": str(out), **marks, **calib["efficiency"]}), flush=True)
+    for rec in timing_checks(gc.recompute):
+        print(json.dumps(rec), flush=True)
+    return 0
+
+
 if __name__ == "__main__":
-    sys.exit(main(write_calibration=write_calibration))
+    sys.exit(main())

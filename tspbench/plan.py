@@ -15,87 +15,91 @@ from __future__ import annotations
 
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from tspbench import cli
 from tspbench.config import GB, ConfigError, model_preset
 from tspbench.parallel import SCHEMES, SP_VARIANTS, VOCAB, LayoutOptions, scheme
-from tspbench.predict.costmodel import OVERLAPS
 from tspbench.predict.planner import BATCHES, MAX_DEGREE, PLAN_ORDER, PlanRequest, margin_pct, plan, plan_records
 from tspbench.record.store import write_records
 
-HELP = f"""usage: python -m tspbench.plan [key=value ...]
-Rank every implemented layout that fits the device's memory by predicted cluster tokens/s (closed-form cost
-model; `python -m tspbench.validate` shows how far to trust it).
 
-  model=NAME        model preset, conf/model/NAME.yaml (default llama7b)
-  seq_len=N         tokens per sequence (default 131072)
-  gpus=N            devices in the cluster; dp = gpus / group size fills it (default 8)
-  hardware=NAME     device profile, conf/hardware/NAME.yaml (default mi300x)
-  overlap=RULE      {" | ".join(OVERLAPS)}: communication added to compute, hidden ideally, or as the code's
-                    issue order allows (default schedule; docs/method.md#choice-overlap)
-  batches=B,B,...   micro-batch sizes to try (default {",".join(map(str, BATCHES))})
-  max_degree=N      largest group size tried (default {MAX_DEGREE})
-  top=N             layouts printed (default 10)
-  out=PATH          write one JSONL record per fitting layout (default: none)
-layouts enumerated (tspbench.parallel.layouts; each a comma-separated list):
-  schemes=S,S,...          schemes (default {",".join(PLAN_ORDER)})
-  sp_variants=V,V,...      K/V exchanges of sp, tp_sp, fsdp_sp (default {",".join(SP_VARIANTS)})
-  msps=B,B,...             tp_sp with Megatron-SP on T (true) and/or the plain ablation (false) (default true,false)
-  vocabs=V,V,...           embedding / LM-head layouts: {" | ".join(VOCAB)} (default auto; ring: tsp only)
-  kv_bucket_heads=K,K,...  tsp's KV heads per K/V all-gather, 0 = one per owner (default 0)"""
+@dataclass
+class PlanConfig:
+    """`python -m tspbench.plan`: one cluster to plan, and the layouts to enumerate on it."""
 
-DEFAULTS = {
-    "model": "llama7b",
-    "seq_len": "131072",
-    "gpus": "8",
-    "hardware": "mi300x",
-    "overlap": "schedule",
-    "batches": ",".join(map(str, BATCHES)),
-    "max_degree": str(MAX_DEGREE),
-    "top": "10",
-    "out": "",
-    "schemes": ",".join(PLAN_ORDER),
-    "sp_variants": ",".join(SP_VARIANTS),
-    "msps": "true,false",
-    "vocabs": "auto",
-    "kv_bucket_heads": "0",
-}
+    model: str = "llama7b"
+    """Model preset, conf/model/NAME.yaml."""
+    seq_len: int = 131072
+    """Tokens per sequence S."""
+    gpus: int = 8
+    """Devices in the cluster; dp = gpus / group size fills it."""
+    hardware: str = "mi300x"
+    """Device profile, conf/hardware/NAME.yaml."""
+    overlap: str = "schedule"
+    """none | ideal | schedule: communication added to compute, hidden ideally, or as the code's issue order
+    allows (docs/method.md#choice-overlap)."""
+    batches: list[int] = field(default_factory=lambda: list(BATCHES))
+    """Micro-batch sizes to try (sequences per replica)."""
+    max_degree: int = MAX_DEGREE
+    """Largest group size tried."""
+    top: int = 10
+    """Layouts printed."""
+    out: str | None = None
+    """Write one JSONL record per fitting layout there (docs/records.md#plan-records), atomically; null: none."""
+    schemes: list[str] = field(default_factory=lambda: list(PLAN_ORDER))
+    """Schemes enumerated (tspbench.parallel.SCHEMES)."""
+    sp_variants: list[str] = field(default_factory=lambda: list(SP_VARIANTS))
+    """K/V exchanges of the schemes with one (sp, tp_sp, fsdp_sp): allgather | ring | ulysses."""
+    msps: list[bool] = field(default_factory=lambda: [True, False])
+    """tp_sp with Megatron-SP on T (true) and/or the plain ablation (false)."""
+    vocabs: list[str] = field(default_factory=lambda: ["auto"])
+    """Embedding / LM-head layouts: auto | replicated | ring (ring: tsp only)."""
+    kv_bucket_heads: list[int] = field(default_factory=lambda: [0])
+    """tsp's KV heads per K/V all-gather (0: one all-gather per owner)."""
+
+
+EXAMPLES = [
+    "python -m tspbench.plan                                         # llama7b, 128K, 8 MI300X",
+    "python -m tspbench.plan model=llama3_8b seq_len=32768 gpus=64 hardware=h100 top=5",
+    "python -m tspbench.plan gpus=1024 schemes=tsp,fsdp_sp kv_bucket_heads=0,1 vocabs=auto,ring out=results/plan.jsonl",
+]
 TRUST = {"tokens_per_s_per_gpu": "tokens/s", "step_s": "step time", "peak_mem_gib": "peak memory"}
 
 
-def _int(kv: dict[str, str], key: str) -> int:
-    try:
-        return int(kv[key])
-    except ValueError:
-        raise ConfigError(f"{key}={kv[key]!r} must be an integer") from None
-
-
-def _list(kv: dict[str, str], key: str, allowed: tuple[str, ...]) -> tuple[str, ...]:
-    values = tuple(v.strip() for v in kv[key].split(",") if v.strip())
-    bad = [v for v in values if v not in allowed]
-    if bad or not values:
-        raise ConfigError(f"{key}={kv[key]!r}: each must be one of {', '.join(allowed)}")
-    return values
-
-
-def layout_options(kv: dict[str, str]) -> tuple[tuple[str, ...], LayoutOptions]:
-    """(schemes, option axes) of the enumeration from the command line's lists."""
-    schemes = _list(kv, "schemes", SCHEMES)
-    msps = tuple(v == "true" for v in _list(kv, "msps", ("true", "false")))
-    try:
-        buckets = tuple(int(v) for v in kv["kv_bucket_heads"].split(","))
-    except ValueError:
-        raise ConfigError(f"kv_bucket_heads={kv['kv_bucket_heads']!r} must be comma-separated integers ≥ 0") from None
-    if any(b < 0 for b in buckets):
-        raise ConfigError(f"kv_bucket_heads={kv['kv_bucket_heads']!r} must be comma-separated integers ≥ 0")
-    vocabs = _list(kv, "vocabs", VOCAB)
-    for v in vocabs:  # a value no enumerated scheme takes would silently enumerate nothing
-        if not any(v in scheme(s).vocabs for s in schemes):
-            raise ConfigError(f"vocabs={v} is taken by none of schemes={','.join(schemes)}")
-    opts = LayoutOptions(
-        sp_variants=_list(kv, "sp_variants", SP_VARIANTS), msps=msps, vocabs=vocabs, kv_bucket_heads=buckets
+def request(pc: PlanConfig) -> PlanRequest:
+    """The planner's request from the command line's options (one line naming the field for a bad value)."""
+    for key, values, allowed in (
+        ("schemes", pc.schemes, SCHEMES),
+        ("sp_variants", pc.sp_variants, SP_VARIANTS),
+        ("vocabs", pc.vocabs, VOCAB),
+    ):
+        bad = [v for v in values if v not in allowed]
+        if bad or not values:
+            raise ConfigError(f"{key}={','.join(values)}: each must be one of {', '.join(allowed)}")
+    if any(b < 0 for b in pc.kv_bucket_heads) or any(b < 1 for b in pc.batches):
+        raise ConfigError("kv_bucket_heads must be ≥ 0 and batches ≥ 1")
+    for v in pc.vocabs:  # a value no enumerated scheme takes would silently enumerate nothing
+        if not any(v in scheme(s).vocabs for s in pc.schemes):
+            raise ConfigError(f"vocabs={v} is taken by none of schemes={','.join(pc.schemes)}")
+    options = LayoutOptions(
+        sp_variants=tuple(pc.sp_variants),
+        msps=tuple(pc.msps),
+        vocabs=tuple(pc.vocabs),
+        kv_bucket_heads=tuple(pc.kv_bucket_heads),
     )
-    return schemes, opts
+    return PlanRequest(
+        model_preset(pc.model),
+        pc.seq_len,
+        pc.gpus,
+        pc.hardware,
+        max_degree=pc.max_degree,
+        batches=tuple(pc.batches),
+        overlap=pc.overlap,
+        options=options,
+        schemes=tuple(pc.schemes),
+    )
 
 
 def trust_line() -> str:
@@ -117,52 +121,33 @@ def trust_line() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if any(a in ("-h", "--help") for a in argv):
-        print(HELP)
-        return 0
-    kv = dict(DEFAULTS)
-    for a in argv:
-        k, sep, v = a.partition("=")
-        if not sep or k not in kv:
-            print(f"error: {a!r}: expected key=value with key one of {', '.join(kv)}", file=sys.stderr)
-            return 2
-        kv[k] = v
-    try:
-        model = model_preset(kv["model"])
-        seq_len, gpus, top, max_degree = (_int(kv, k) for k in ("seq_len", "gpus", "top", "max_degree"))
-        try:
-            batches = tuple(int(b) for b in kv["batches"].split(","))
-        except ValueError:
-            raise ConfigError(f"batches={kv['batches']!r} must be comma-separated integers, e.g. 1,2,4") from None
-        schemes, options = layout_options(kv)
-        t0 = time.perf_counter()
-        ranked, n = plan(
-            PlanRequest(
-                model,
-                seq_len,
-                gpus,
-                kv["hardware"],
-                max_degree=max_degree,
-                batches=batches,
-                overlap=kv["overlap"],
-                options=options,
-                schemes=schemes,
-            )
+    if cli.wants_help(argv):
+        intro = (
+            "Rank every implemented layout that fits the device's memory by predicted cluster tokens/s (closed-form "
+            "cost model; `python -m tspbench.validate` shows how far to trust it)."
         )
+        print(cli.help_text("tspbench.plan", PlanConfig(), intro, EXAMPLES))
+        return 0
+    try:
+        pc = cli.parse_options(PlanConfig, argv)
+        req = request(pc)
+        t0 = time.perf_counter()
+        ranked, n = plan(req)
         dt = time.perf_counter() - t0
     except (ConfigError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"tspbench.plan: {e}", file=sys.stderr)
         return 2
+    model, seq_len, gpus = req.model, req.seq_len, req.gpus
     print(
-        f"{n} layouts enumerated in {dt:.2f} s (closed form), {len(ranked)} fit {kv['hardware']} memory; "
-        f"{model.name}, S={seq_len}, {gpus} GPUs, overlap={kv['overlap']}"
+        f"{n} layouts enumerated in {dt:.2f} s (closed form), {len(ranked)} fit {pc.hardware} memory; "
+        f"{model.name}, S={seq_len}, {gpus} GPUs, overlap={pc.overlap}"
     )
     head = ("layout", "mem GB", "step s", "exp comm s", "dp", "tok/s/GPU", "cluster tok/s", "margin")
     print(
         f"{head[0]:52s} {head[1]:>8s} {head[2]:>8s} {head[3]:>10s} {head[4]:>5s} {head[5]:>10s} {head[6]:>13s} "
         f"{head[7]:>7s}"
     )
-    for i, lay in enumerate(ranked[:top]):
+    for i, lay in enumerate(ranked[: pc.top]):
         m = margin_pct(ranked, i)
         print(
             f"{lay.name:52s} {lay.mem_bytes / GB:8.1f} {lay.step_s:8.3f} {lay.exposed_comm_s:10.3f} "
@@ -170,10 +155,10 @@ def main(argv: list[str] | None = None) -> int:
             + (f"{m:6.1f}%" if m is not None else "      -")
         )
     print(trust_line())
-    if kv["out"]:
-        out = Path(kv["out"])
+    if pc.out:
+        out = Path(pc.out)
         recs = plan_records(
-            ranked, model=model.name, seq_len=seq_len, gpus=gpus, hardware=kv["hardware"], overlap=kv["overlap"]
+            ranked, model=model.name, seq_len=seq_len, gpus=gpus, hardware=pc.hardware, overlap=pc.overlap
         )
         written = write_records(out, recs, kind="plan")  # atomic, each record guarded (record/kinds.py)
         bad = [r for r in written if r.get("status") == "implausible"]

@@ -93,7 +93,7 @@ def test_log_tail_drops_torchruns_own_report(tmp_path):
     noise_c = ["Traceback (most recent call last):", '  File "x/torch/distributed/elastic/agent/server/api.py"']
     rank_tb = [
         "Traceback (most recent call last):",
-        '  File "tspbench/run/worker.py", line 10, in benchmark',
+        '  File "tspbench/run/loop.py", line 10, in benchmark',
         "RuntimeError: injected crash (faults.kind=crash) on rank 1",
     ]
     for noise in (noise_a, noise_b, noise_c + ["  noise"] * 60):

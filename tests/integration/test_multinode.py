@@ -33,7 +33,7 @@ def _two_nodes(spec_file: Path, results: Path) -> list[subprocess.Popen]:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node)]
         cmd += ["--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}"]
         cmd += ["--rdzv-id", "tspbench-two-nodes", "--max-restarts", "0"]
-        cmd += ["-m", "tspbench.run.worker", "--spec", str(spec_file), "--results", str(results)]
+        cmd += ["-m", "tspbench.run.worker", f"spec={spec_file}", f"results={results}"]
         agents.append(subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
     return agents
 
@@ -45,7 +45,7 @@ def test_two_torchrun_nodes_equal_one_node(tmp_path):
     spec_file.write_text(spec.to_json())
 
     one = tmp_path / "one_node.jsonl"
-    cmd = worker_command(spec_file, 4, free_port()) + ["--results", str(one)]
+    cmd = worker_command(spec_file, 4, free_port()) + [f"results={one}"]
     r = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
 

@@ -521,7 +521,7 @@ def test_schedule_overlap_follows_the_code():
 
 
 def test_calibration_file_replaces_the_assumed_efficiencies(tmp_path):
-    """conf/hardware/<name>.calibration.json (written by gpu_check --time) replaces the datasheet assumptions and
+    """conf/hardware/<name>.calibration.json (written by gpu_check time=true) replaces the datasheet assumptions and
     every modelled record says which it used; a malformed file is refused."""
     import json
     import shutil

@@ -31,7 +31,7 @@ def test_dry_run_lists_gpu_tests_memory_check_and_smoke(tmp_path):
     cmds = _commands(tmp_path)
     mods = [c[c.index("-m") + 1] for c in cmds]
     assert mods == ["pytest", "tspbench.gpu_check", "tspbench.gpu_check", "tspbench"]
-    assert "--time" in cmds[2] and "--calibration-out" in cmds[2]
+    assert "time=true" in cmds[2] and f"calibration_out={tmp_path}" in cmds[2]
     pytest_args = cmds[0][cmds[0].index("-m", 3) :]
     assert pytest_args[:2] == ["-m", "gpu"] and all((ROOT / p).exists() for p in pytest_args[2:])
     assert any("pytest.mark.gpu" in f.read_text() for f in (ROOT / "tests/gpu").glob("test_*.py"))
@@ -39,13 +39,17 @@ def test_dry_run_lists_gpu_tests_memory_check_and_smoke(tmp_path):
     assert any(a == f"hydra.run.dir={tmp_path}/run" for a in cmds[3])
 
 
-def test_gpu_check_flags_parse(tmp_path, capsys):
+def test_gpu_check_options_parse(tmp_path, capsys):
+    from tspbench import gpu_check as command
     from tspbench.predict import gpu_check
 
     cmd = _commands(tmp_path)[1]
     args = cmd[cmd.index("tspbench.gpu_check") + 1 :]
-    with mock.patch.object(gpu_check, "check", lambda model, par, seq, device: {"scheme": par.scheme}):
-        assert gpu_check.main(args) == 0
+    with (
+        mock.patch.object(gpu_check, "check", lambda model, par, seq, device: {"scheme": par.scheme}),
+        mock.patch.object(gpu_check.torch.cuda, "is_available", lambda: True),
+    ):
+        assert command.main(args) == 0
     assert len(capsys.readouterr().out.splitlines()) == len(gpu_check.CASES)
 
 
@@ -61,12 +65,12 @@ def test_smoke_overrides_compose_to_single_gpu_runs(tmp_path):
 
 
 def test_gpu_time_refuses_cpu_in_one_line(capsys):
-    """`gpu_check --time` needs CUDA events: on this machine it says so in one line and exits 2."""
-    from tspbench.predict.gpu_check import main
+    """`gpu_check time=true` needs CUDA events: on this machine it says so in one line and exits 2."""
+    from tspbench.gpu_check import main
 
-    assert main(["--device", "cpu", "--time"]) == 2
+    assert main(["device=cpu", "time=true"]) == 2
     err = capsys.readouterr().err.strip()
-    assert "\n" not in err and "--time needs a CUDA device" in err
+    assert "\n" not in err and "time=true needs a CUDA device" in err
 
 
 def test_calibration_record_is_what_load_hardware_applies(tmp_path):
@@ -76,7 +80,7 @@ def test_calibration_record_is_what_load_hardware_applies(tmp_path):
 
     import pytest
 
-    from tspbench.gpu_check import write_calibration  # the writer `python -m tspbench.gpu_check --time` uses
+    from tspbench.gpu_check import write_calibration  # the writer `python -m tspbench.gpu_check time=true` uses
     from tspbench.predict.costmodel.hardware import CONF_DIR, load_hardware
     from tspbench.predict.gpu_time import calibration_record
 

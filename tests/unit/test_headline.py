@@ -1,4 +1,4 @@
-"""The README's headline block is exactly what `python -m tspbench.paper.headline` prints (no hand-copied
+"""The README's headline block is exactly what `python -m tspbench.headline` prints (no hand-copied
 number), and it names the strongest baseline by the rule the module states."""
 
 from pathlib import Path

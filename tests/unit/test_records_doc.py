@@ -45,7 +45,7 @@ def spec(mode: str = "train", execution: str = "measure", **kw) -> RunSpec:
 
 
 def rank(mode: str) -> dict:
-    """What tspbench.run.worker gathers from one rank (here made up, the keys are what matter)."""
+    """What tspbench.run.loop gathers from one rank (here made up, the keys are what matter)."""
     mem = {k: 0.1 for k in memory_mod.BREAKDOWN_KEYS}
     mem.update(mem_breakdown_method="MemTracker", mem_breakdown_reason=None)
     serving = {"prefill_ms": 1.0, "ttft_ms": 1.5, "kv_cache_gib": 0.1, "kv_cache_allocated_gib": 0.1}

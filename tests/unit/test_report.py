@@ -358,7 +358,7 @@ def test_named_commands_write_what_the_sections_read():
 
     args = dict(a.split("=", 1) for a in PLAN_COMMAND.split()[3:])
     assert {k: args[k] for k in PAPER_SETTING} == {k: str(v) for k, v in PAPER_SETTING.items()}
-    assert "overlap" not in args and plan.DEFAULTS["overlap"] == PLAN_OVERLAP and args["out"].endswith(".jsonl")
+    assert "overlap" not in args and plan.PlanConfig().overlap == PLAN_OVERLAP and args["out"].endswith(".jsonl")
     assert VALIDATE_COMMAND.startswith("python -m tspbench.validate out=")
 
 

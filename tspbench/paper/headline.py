@@ -1,6 +1,6 @@
 """The headline: TSP against the strongest baseline at equal GPUs per replica, in one sentence and one small table.
 
-`python -m tspbench.paper.headline` prints the Markdown block the README carries between its `headline` markers
+`python -m tspbench.headline` prints the Markdown block the README carries between its `headline` markers
 (tests/unit/test_headline.py keeps the two equal). Every number is modelled (tspbench.predict.costmodel on the
 MI300X profile; memory checked against the fake-tensor estimate, time not validated on hardware: see
 `python -m tspbench.validate`), at the paper's memory setting (llama7b, training, bf16, AdamW with fp32 master,
@@ -113,10 +113,6 @@ def headline_markdown() -> str:
         "Setting: bf16, AdamW with fp32 master/m/v, full recompute, B = 1; memory from the cost model (agrees with the "
         "fake-tensor estimate of the scheme code); throughput from the α–β + roofline model with the `schedule` "
         "overlap rule, not validated on these GPUs (`python -m tspbench.validate` shows how far the model is from "
-        "published runs). Regenerate: `python -m tspbench.paper.headline`.",
+        "published runs). Regenerate: `python -m tspbench.headline readme=README.md`.",
     ]
     return "\n".join(lines)
-
-
-if __name__ == "__main__":
-    print(headline_markdown())

@@ -126,18 +126,3 @@ def print_tables(names: list[str]) -> None:
                     f"paper_tables: {name!r} is unknown; allowed: memory, throughput, plausibility, crossover"
                 )
             PRINTERS[name]()
-
-
-if __name__ == "__main__":
-    pd.set_option("display.width", 200, "display.max_columns", 30)
-    print(memory_setting_scan().round(1).to_string())
-    print(
-        paper_memory_table()[["seq_len", "layout", "predicted", "claim", "deviation_pct", "note"]].round(1).to_string()
-    )
-    print(
-        paper_throughput_table()[
-            ["layers", "overlap", "layout", "tokens_per_s", "compute_s", "comm_s", "tsp_speedup"]
-        ].to_string()
-    )
-    print(plausibility_173m())
-    print(crossover_table().round(3).to_string())

@@ -1,4 +1,4 @@
-"""`python -m tspbench.gpu_check --time`: compute-only time on ONE accelerator, and the calibration it yields.
+"""`python -m tspbench.gpu_check time=true`: compute-only time on ONE accelerator, and the calibration it yields.
 
 Two measurements, both with CUDA events after warm-up:
 1. Rank 0 of an 8-way scheme at the paper's shapes (llama7b, bf16, B = 1) under torch's fake process group: its
@@ -35,7 +35,7 @@ def calibration_record(times_s: dict[str, float], flops: dict[str, float], peak:
         "torch": torch.__version__,
         "driver": torch.version.cuda or "",
         "date": datetime.date.today().isoformat(),
-        "source": "python -m tspbench.gpu_check --time",
+        "source": "python -m tspbench.gpu_check time=true",
         "efficiency": eff,
         "op_time_ms": {op: 1e3 * t for op, t in times_s.items()},
     }

@@ -202,7 +202,7 @@ def trace_step(
 
     Real tensors (tracing.fake=False: inside a spawned gloo/NCCL rank) or fake ones (fake=True: under the fake
     process group). The same driver in both cases, so their numbers can be compared one to one. The step
-    is what tspbench.run.worker runs (forward + loss, backward, finish_grad_sync, AdamW, zero_grad with
+    is what tspbench.run.loop runs (forward + loss, backward, finish_grad_sync, AdamW, zero_grad with
     set_to_none), after an untimed optimizer step that creates the optimizer state (steady state); the
     logits are dropped before backward. `data`: the global (tokens, targets) of dp × B sequences (default:
     zeros; input data, not tracked). Phase marks: module docstring.

@@ -1,4 +1,4 @@
-"""The measured record: rank 0 reduces every rank's numbers (gathered by tspbench.run.worker) into one record
+"""The measured record: rank 0 reduces every rank's numbers (gathered by tspbench.run.loop) into one record
 of the shared schema (docs/records.md): throughput over the slowest rank's window, step-time spread over
 every rank's steps, FLOPs and MFU/HFU, allocator peaks (max over ranks), the memory breakdown of the rank
 with the largest total, energy summed over ranks, serving metrics, and layer-0 communication."""
@@ -20,7 +20,7 @@ from tspbench.record.spec import RunSpec
 from tspbench.record.store import provenance
 
 RankNumbers = dict[str, Any]
-"""What one rank measured (tspbench.run.worker `measure_rank`, gathered to rank 0 with all_gather_object): step_ms
+"""What one rank measured (tspbench.run.loop `after_window`, gathered to rank 0 with all_gather_object): step_ms
 (the window's per-step ms), window_s, peaks (memory.device_peaks), mem (memory.breakdown, {} when off), serving
 (decode: prefill_ms, ttft_ms, kv_cache_gib, kv_cache_allocated_gib; else {}), energy (EnergyResult's fields), comm
 (layer 0's fwd / bwd bytes, ops, max_buffer_bytes), device_name, optimizer_state_bytes (None without an optimizer)
@@ -193,7 +193,7 @@ def per_rank_lists(ranks: list[RankNumbers]) -> dict[str, list]:
 
 
 def replicas_in_sync(per_rank: list[dict[str, tuple[int, float, float]]]) -> tuple[bool, list[str]]:
-    """Do all ranks that hold the same slice of a parameter hold identical copies (tspbench.run.worker
+    """Do all ranks that hold the same slice of a parameter hold identical copies (tspbench.run.loop
     `replica_checksums`)? Returns (in sync, the parameters that are not, with their slice)."""
     seen: dict[tuple[str, int], tuple[float, float]] = {}
     bad: list[str] = []

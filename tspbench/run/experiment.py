@@ -271,7 +271,7 @@ def validate_experiment(cfg: ExperimentConfig) -> None:
     if cfg.nodes != 1:
         raise ConfigError(
             f"nodes={cfg.nodes}: the parent launches on one node only; on a cluster run "
-            f"`torchrun --nnodes N ... -m tspbench.run.worker --spec FILE` with a spec it wrote"
+            f"`torchrun --nnodes N ... -m tspbench.run.worker spec=FILE` with a spec it wrote"
         )
 
 

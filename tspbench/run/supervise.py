@@ -3,7 +3,7 @@
 tspbench.run.dispatch hands over each run whose fate is `measure` (tspbench/run/fate.py); `run_measured`:
   1. writes the frozen spec to `<run dir>/specs/<run_id>.json` and starts the rank group as
      `python -m torch.distributed.run --nproc-per-node N --rdzv-backend c10d ... -m tspbench.run.worker
-     --spec FILE` (`worker_command`) in its own session;
+     spec=FILE` (`worker_command`) in its own session;
   2. streams its stdout/stderr into `<run dir>/<run_id>.log`, and rank 0's "step i/N tok/s" lines into the
      dispatcher's progress bar (`_pump`);
   3. ends it: rank 0 appends the `ok` record itself. Otherwise the parent appends one: `oom` (a rank's status
@@ -70,8 +70,7 @@ def worker_command(spec_file: Path, world: int, port: int) -> list[str]:
         "0.2",
         "-m",
         "tspbench.run.worker",
-        "--spec",
-        str(spec_file),
+        f"spec={spec_file}",
     ]
 
 

@@ -56,7 +56,7 @@ class HardwareProfile:
     """The same for the attention kernel's backward."""
     calibration: str | None = None
     """The calibration file whose measured efficiencies replaced the assumptions (conf/hardware/<name>.calibration.json,
-    written by `python -m tspbench.gpu_check --time` on that device), or None: datasheet assumptions."""
+    written by `python -m tspbench.gpu_check time=true` on that device), or None: datasheet assumptions."""
 
     @property
     def efficiency_source(self) -> str:
@@ -112,7 +112,7 @@ CALIBRATION_KEYS = ("gemm", "attention_forward", "attention_backward")
 def apply_calibration(profile: HardwareProfile, path: Path) -> None:
     """Replace the assumed efficiencies by measured ones: {"device", "torch", "driver", "date", "source",
     "efficiency": {"gemm", "attention_forward", "attention_backward"}} (fractions of the profile's bf16 peak, as
-    `tspbench.gpu_check --time` measures them on one device; attention efficiencies are relative to the FLOPs
+    `tspbench.gpu_check time=true` measures them on one device; attention efficiencies are relative to the FLOPs
     costmodel.flops.hardware_flops_per_token counts: causal c = ½, the flash backward as 2.5 forwards). A malformed
     file is an error, never ignored."""
     import json

@@ -1,0 +1,60 @@
+"""`python -m tspbench.headline [readme=README.md]`: the README's lead, TSP against the strongest baseline at equal
+GPUs per replica, in one sentence and one small table (every number modelled; tspbench/paper/headline.py says how).
+
+The command line only. Prints the Markdown block; with `readme=PATH` it also writes the block between that file's
+`<!-- headline:start -->` and `<!-- headline:end -->` markers (tests/unit/test_headline.py holds the README's block
+equal to what this prints).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from tspbench import cli
+from tspbench.config import ConfigError
+from tspbench.paper.headline import headline_markdown
+
+START, END = "<!-- headline:start -->\n", "\n<!-- headline:end -->"
+
+
+@dataclass
+class HeadlineConfig:
+    """`python -m tspbench.headline`: where the block goes besides the terminal."""
+
+    readme: str | None = None
+    """Rewrite the block between this file's headline markers (e.g. README.md); null: print only."""
+
+
+EXAMPLES = [
+    "python -m tspbench.headline                      # print the block",
+    "python -m tspbench.headline readme=README.md     # and regenerate the README's lead",
+]
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if cli.wants_help(argv):
+        print(
+            cli.help_text("tspbench.headline", HeadlineConfig(), __doc__.split("\n\n")[0].split(": ", 1)[1], EXAMPLES)
+        )
+        return 0
+    try:
+        hc = cli.parse_options(HeadlineConfig, argv)
+        text = Path(hc.readme).read_text() if hc.readme else ""
+        if hc.readme and (START not in text or END not in text):
+            raise ConfigError(f"readme={hc.readme} has no headline markers ({START.strip()} … {END.strip()})")
+    except (ConfigError, OSError) as e:
+        print(f"tspbench.headline: {e}", file=sys.stderr)
+        return 2
+    block = headline_markdown()
+    print(block)
+    if hc.readme:
+        head, rest = text.split(START, 1)
+        Path(hc.readme).write_text(head + START + block + END + rest.split(END, 1)[1])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
