@@ -61,6 +61,9 @@ class Scheme:
     exists to check): the headline and the paper tables put the method against every baseline."""
     axes: str
     """How the degree is written: "" (single device), "T", "Σ", "D", or "T×Σ" (a 2-D mesh)."""
+    mesh: tuple[str, ...]
+    """The rank mesh's axes, outermost first (dp, then the scheme's: tp, sp, tsp); the tensor axis is innermost
+    (fastest-varying ranks), as in Megatron, so a tensor group stays inside one node (schemes/ops/sharding.py)."""
     tensor_degree: Callable[[ParallelConfig], int]
     """T: ranks the block weights and heads are split over."""
     token_degree: Callable[[ParallelConfig], int]

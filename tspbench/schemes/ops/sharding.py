@@ -23,22 +23,10 @@ from tspbench.model import Transformer, init_full_param
 from tspbench.parallel import ParallelConfig, kv_replicas
 from tspbench.schemes.comm import Comm, CommLog
 
-# Mesh axes per scheme, outermost first. The tensor axis is innermost (fastest-varying ranks), as in
-# Megatron, so a tensor group stays inside one node.
-MESH_AXES = {
-    "single": ("dp",),
-    "tp": ("dp", "tp"),
-    "tp_msp": ("dp", "tp"),
-    "sp": ("dp", "sp"),
-    "tp_sp": ("dp", "sp", "tp"),
-    "tsp": ("dp", "tsp"),
-    "fsdp_sp": ("dp", "sp"),
-}
-
 
 def mesh_shape(par: ParallelConfig) -> tuple[int, ...]:
     sizes = {"dp": par.dp, "tp": par.tp_degree, "sp": par.sp_degree, "tsp": par.degree}
-    return tuple(sizes[a] for a in MESH_AXES[par.scheme])
+    return tuple(sizes[a] for a in par.spec.mesh)  # the scheme's axes (tspbench/parallel/registry.py)
 
 
 def build_mesh(par: ParallelConfig, device_type: str) -> DeviceMesh:
@@ -46,7 +34,7 @@ def build_mesh(par: ParallelConfig, device_type: str) -> DeviceMesh:
     combination of its axes with more than one rank (`ApplyArgs.flat`: e.g. dp+sp for the gradient sync,
     sp+tp for tp_sp's Megatron-SP norms), made here, once, so that a scheme's apply never creates a group (the
     estimate runs it under a fake-tensor mode, where DeviceMesh cannot build one)."""
-    names = MESH_AXES[par.scheme]
+    names = par.spec.mesh
     mesh = init_device_mesh(device_type, mesh_shape(par), mesh_dim_names=names)
     live = [a for a, n in zip(names, mesh_shape(par)) if n > 1]
     for k in range(2, len(live) + 1):
