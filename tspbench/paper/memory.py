@@ -177,7 +177,9 @@ def paper_memory_table(setting: MemorySetting = PAPER_MEMORY_SETTING, hw: str = 
     tp_msp = ParallelConfig(scheme="tp_msp", degree=DEGREE).label()
     df.loc[df.mesh & (df.tp == DEGREE), "note"] += f"Σ = 1: TP + Megatron-SP, as {tp_msp}. "
     df.loc[df.mesh & (df.tp == 1), "note"] += f"Pure SP (token sharding / CP, Σ = {DEGREE}). "
-    df.attrs["setting"] = asdict(setting)
+    layouts = df.attrs["layouts"]
+    df = df.drop(columns=["plain", "mesh"])  # the matching's helpers (the layout label says both)
+    df.attrs.update(layouts=layouts, setting=asdict(setting))
     return df
 
 
