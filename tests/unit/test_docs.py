@@ -37,15 +37,20 @@ def test_every_method_reference_resolves():
     assert not bad, "references to anchors docs/method.md does not have:\n" + "\n".join(bad)
 
 
-def test_no_reference_points_outside_the_repository():
+def lines_matching(pattern: re.Pattern) -> list[str]:
+    """`file:line: text` of every line of a tracked file (this one excepted) that `pattern` finds."""
     this = Path(__file__).resolve()
-    bad = [
+    return [
         f"{f.relative_to(ROOT)}:{n}: {line.strip()[:100]}"
         for f in tracked(".py", ".yaml", ".md", ".j2", ".sh", ".toml")
         if f.resolve() != this
         for n, line in enumerate(f.read_text().splitlines(), 1)
-        if OUTSIDE.search(line)
+        if pattern.search(line)
     ]
+
+
+def test_no_reference_points_outside_the_repository():
+    bad = lines_matching(OUTSIDE)
     assert not bad, "\n".join(bad)
 
 
@@ -155,14 +160,7 @@ def test_every_document_anchor_resolves():
 
 def test_no_issue_tracker_pointers():
     """References point into docs/, not to issue numbers a reader of the repository cannot follow."""
-    this = Path(__file__).resolve()
-    bad = [
-        f"{f.relative_to(ROOT)}:{n}: {line.strip()[:100]}"
-        for f in tracked(".py", ".yaml", ".md", ".j2", ".sh", ".toml")
-        if f.resolve() != this
-        for n, line in enumerate(f.read_text().splitlines(), 1)
-        if ISSUE.search(line)
-    ]
+    bad = lines_matching(ISSUE)
     assert not bad, "\n".join(bad)
 
 
