@@ -20,7 +20,7 @@ from pathlib import Path
 
 from tspbench import cli
 from tspbench.config import GB, ConfigError, model_preset
-from tspbench.parallel import SCHEMES, SP_VARIANTS, VOCAB, LayoutOptions, scheme
+from tspbench.parallel import MLP_EXCHANGES, SCHEMES, SP_VARIANTS, VOCAB, LayoutOptions, scheme
 from tspbench.predict.planner import BATCHES, MAX_DEGREE, PLAN_ORDER, PlanRequest, margin_pct, plan, plan_records
 from tspbench.record.store import write_records
 
@@ -58,6 +58,12 @@ class PlanConfig:
     """Embedding / LM-head layouts: auto | replicated | ring (ring: tsp only)."""
     kv_bucket_heads: list[int] = field(default_factory=lambda: [0])
     """tsp's KV heads per K/V all-gather (0: one all-gather per owner)."""
+    mlp_exchanges: list[str] = field(default_factory=lambda: ["ring"])
+    """tsp's MLP weight exchange: ring | biring | broadcast."""
+    regather_kvs: list[bool] = field(default_factory=lambda: [True])
+    """tsp: backward re-gathers K/V (true) and/or keeps the ones gathered last (false)."""
+    dp_shards: list[int] = field(default_factory=lambda: [1])
+    """fsdp_sp: replicas one FSDP shard group spans (1: HSDP within the replica; values not dividing dp skipped)."""
 
 
 EXAMPLES = [
@@ -74,12 +80,13 @@ def request(pc: PlanConfig) -> PlanRequest:
         ("schemes", pc.schemes, SCHEMES),
         ("sp_variants", pc.sp_variants, SP_VARIANTS),
         ("vocabs", pc.vocabs, VOCAB),
+        ("mlp_exchanges", pc.mlp_exchanges, MLP_EXCHANGES),
     ):
         bad = [v for v in values if v not in allowed]
         if bad or not values:
             raise ConfigError(f"{key}={','.join(values)}: each must be one of {', '.join(allowed)}")
-    if any(b < 0 for b in pc.kv_bucket_heads) or any(b < 1 for b in pc.batches):
-        raise ConfigError("kv_bucket_heads must be ≥ 0 and batches ≥ 1")
+    if any(b < 0 for b in pc.kv_bucket_heads) or any(b < 1 for b in [*pc.batches, *pc.dp_shards]):
+        raise ConfigError("kv_bucket_heads must be ≥ 0, batches and dp_shards ≥ 1")
     for v in pc.vocabs:  # a value no enumerated scheme takes would silently enumerate nothing
         if not any(v in scheme(s).vocabs for s in pc.schemes):
             raise ConfigError(f"vocabs={v} is taken by none of schemes={','.join(pc.schemes)}")
@@ -88,6 +95,9 @@ def request(pc: PlanConfig) -> PlanRequest:
         msps=tuple(pc.msps),
         vocabs=tuple(pc.vocabs),
         kv_bucket_heads=tuple(pc.kv_bucket_heads),
+        mlp_exchanges=tuple(pc.mlp_exchanges),
+        regather_kvs=tuple(pc.regather_kvs),
+        dp_shards=tuple(pc.dp_shards),
     )
     return PlanRequest(
         model_preset(pc.model),

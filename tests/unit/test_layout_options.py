@@ -3,9 +3,9 @@ the scheme itself receive every ParallelConfig field unchanged (docs/adding-a-sc
 `verify` and `estimate` rebuilt the layout from eight named fields and dropped `kv_bucket_heads`, so `verify
 scheme=tsp kv_bucket_heads=1` proved the unbucketed path.
 
-Two layouts set every field to a non-default value between them (no scheme takes every option): a T × Σ mesh with
-the plain ablation, ring attention and a replicated vocabulary, and TSP with K/V buckets and the vocabulary ring,
-both data-parallel and recomputing."""
+Three layouts set every field to a non-default value between them (no scheme takes every option): a T × Σ mesh with
+the plain ablation, ring attention and a replicated vocabulary; TSP with K/V buckets, the vocabulary ring, the
+bidirectional MLP ring and kept K/V; FSDP×SP sharded across both replicas; all data-parallel and recomputing."""
 
 from __future__ import annotations
 
@@ -23,7 +23,17 @@ LAYOUTS = [
     ParallelConfig(
         scheme="tp_sp", degree=4, tp=2, dp=2, sp_variant="ring", recompute="selective", msp=False, vocab="replicated"
     ),
-    ParallelConfig(scheme="tsp", degree=2, dp=2, kv_bucket_heads=1, recompute="full", vocab="ring"),
+    ParallelConfig(
+        scheme="tsp",
+        degree=2,
+        dp=2,
+        kv_bucket_heads=1,
+        recompute="full",
+        vocab="ring",
+        mlp_exchange="biring",
+        regather_kv=False,
+    ),
+    ParallelConfig(scheme="fsdp_sp", degree=2, dp=2, dp_shard=2, sp_variant="ring", recompute="selective"),
 ]
 DEFAULTS = ParallelConfig()
 
@@ -84,6 +94,9 @@ def test_plan_records(par, tmp_path):
         f"msps={str(par.msp).lower()}",
         f"vocabs={par.vocab}",
         f"kv_bucket_heads={par.kv_bucket_heads}",
+        f"mlp_exchanges={par.mlp_exchange}",
+        f"regather_kvs={str(par.regather_kv).lower()}",
+        f"dp_shards={par.dp_shard}",
         "batches=1",
         f"out={out}",
     ]
@@ -99,7 +112,7 @@ def test_the_scheme_receives_every_option():
     from tspbench.predict.costmodel import Workload
     from tspbench.predict.estimate import estimate
 
-    mesh, tsp = LAYOUTS
+    mesh, tsp, _fsdp = LAYOUTS
     ops = [(o[0], o[1]) for o in estimate(mesh, Workload(MODEL, SEQ, 1, dtype="float32"))["comm_ops_layer0"]]
     fwd = [op for op, phase in ops if phase == "fwd"]
     assert "send_recv" in fwd and "all_reduce" in fwd  # ring attention hops; plain TP (msp=false) all-reduces

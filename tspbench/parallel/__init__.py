@@ -12,8 +12,9 @@ Nothing here imports torch; everything outside tspbench/schemes/ asks these inst
 
 from tspbench.parallel.registry import SCHEMES  # noqa: I001 - first: it fills the registry the others read
 from tspbench.parallel.checks import check_options, kv_replicas, validate_parallel
-from tspbench.parallel.enumerate import ALL_EXCHANGES, LayoutOptions, layouts, tensor_degrees
+from tspbench.parallel.enumerate import ALL_EXCHANGES, AXES, LayoutOptions, layouts, tensor_degrees
 from tspbench.parallel.layout import (
+    MLP_EXCHANGES,
     RECOMPUTE,
     SCHEME_REGISTRY,
     SP_VARIANTS,
@@ -29,6 +30,8 @@ from tspbench.parallel.layout import (
 
 __all__ = [
     "ALL_EXCHANGES",
+    "AXES",
+    "MLP_EXCHANGES",
     "RECOMPUTE",
     "SCHEMES",
     "SCHEME_REGISTRY",

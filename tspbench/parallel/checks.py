@@ -6,9 +6,24 @@ from __future__ import annotations
 from dataclasses import fields
 
 from tspbench.config import ConfigError, ModelConfig, validate_model
-from tspbench.parallel.layout import RECOMPUTE, SP_VARIANTS, VOCAB, ParallelConfig, _divisors, _need, scheme, takers
+from tspbench.parallel.layout import (
+    MLP_EXCHANGES,
+    RECOMPUTE,
+    SP_VARIANTS,
+    VOCAB,
+    ParallelConfig,
+    _divisors,
+    _need,
+    scheme,
+    takers,
+)
 
-OPTION_VALUES: dict[str, tuple] = {"sp_variant": SP_VARIANTS, "recompute": RECOMPUTE, "vocab": VOCAB}
+OPTION_VALUES: dict[str, tuple] = {
+    "sp_variant": SP_VARIANTS,
+    "recompute": RECOMPUTE,
+    "vocab": VOCAB,
+    "mlp_exchange": MLP_EXCHANGES,
+}
 """The fixed value sets of the layout's string fields."""
 _OPTION_DEFAULTS = {f.name: f.default for f in fields(ParallelConfig)}
 
@@ -34,12 +49,17 @@ def check_options(p: ParallelConfig) -> None:
     _need(p.dp >= 1, f"dp={p.dp} must be ≥ 1")
     _need(p.kv_bucket_heads >= 0, f"kv_bucket_heads={p.kv_bucket_heads} must be ≥ 0 (0: one all-gather per owner)")
     _need(p.tp >= 0, f"tp={p.tp} must be ≥ 0 (0: the largest T ≤ √degree)")
+    _need(
+        p.dp_shard >= 1 and p.dp % p.dp_shard == 0,
+        f"dp_shard={p.dp_shard} must divide dp={p.dp} (replicas one FSDP shard group spans); allowed: "
+        f"{_divisors(p.dp)}",
+    )
     if p.vocab not in s.vocabs:
         raise ConfigError(
             f"vocab={p.vocab} is a {'|'.join(takers('vocab', p.vocab))} option; scheme={p.scheme} allows "
             f"vocab={'|'.join(s.vocabs)}"
         )
-    for name in ("msp", "kv_bucket_heads", "sp_variant", "tp"):
+    for name in ("msp", "kv_bucket_heads", "sp_variant", "tp", "mlp_exchange", "regather_kv", "dp_shard"):
         default = _OPTION_DEFAULTS[name]
         if name not in s.options and getattr(p, name) != default:
             shown = str(getattr(p, name)).lower()
@@ -54,6 +74,9 @@ OPTION_WHAT = {
     "kv_bucket_heads": "KV heads per K/V all-gather",
     "sp_variant": "the K/V exchange",
     "tp": "the tensor degree T of the T × Σ mesh",
+    "mlp_exchange": "how the MLP's weight shards travel: ring | biring | broadcast",
+    "regather_kv": "false: backward keeps the K/V gathered last",
+    "dp_shard": "replicas one FSDP shard group spans (HSDP)",
 }
 """What each scheme-specific option is, for the one-line refusal of a scheme that does not take it."""
 

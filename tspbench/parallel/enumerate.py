@@ -22,6 +22,23 @@ class LayoutOptions:
     msps: Sequence[bool] = (True,)
     vocabs: Sequence[str] = ("auto",)
     kv_bucket_heads: Sequence[int] = (0,)
+    mlp_exchanges: Sequence[str] = ("ring",)
+    regather_kvs: Sequence[bool] = (True,)
+    dp_shards: Sequence[int] = (1,)
+
+
+AXES = {
+    "tp": "tps",
+    "sp_variant": "sp_variants",
+    "vocab": "vocabs",
+    "msp": "msps",
+    "kv_bucket_heads": "kv_bucket_heads",
+    "mlp_exchange": "mlp_exchanges",
+    "regather_kv": "regather_kvs",
+    "dp_shard": "dp_shards",
+}
+"""Each option field of ParallelConfig and the LayoutOptions axis that lists its values, in the enumeration's
+nesting order (outermost first)."""
 
 
 ALL_EXCHANGES = LayoutOptions(sp_variants=SP_VARIANTS, msps=(True, False))
@@ -55,14 +72,17 @@ def layouts(
         if s.single_device != (degree == 1):
             continue
         opts = options.get(name, LayoutOptions()) if isinstance(options, Mapping) else options
-        axes: dict[str, Sequence[Any]] = {
-            "tp": tensor_degrees(degree, opts.tps) if "tp" in s.options else [0],
-            "sp_variant": opts.sp_variants if s.exchange else ["allgather"],
-            "vocab": [v for v in opts.vocabs if v in s.vocabs] or ["auto"],
-            "msp": opts.msps if "msp" in s.options else [True],
-            "kv_bucket_heads": opts.kv_bucket_heads if "kv_bucket_heads" in s.options else [0],
-        }
         base = ParallelConfig(scheme=name, degree=degree, dp=dp, recompute=recompute)
-        for tp, variant, vocab, msp, kvb in itertools.product(*axes.values()):  # in this nesting order
-            out.append(replace(base, tp=tp, sp_variant=variant, vocab=vocab, msp=msp, kv_bucket_heads=kvb))
+        axes: dict[str, Sequence[Any]] = {}
+        for field_name, axis in AXES.items():  # an option the scheme does not take runs its default only
+            values = getattr(opts, axis) if field_name in s.options else [getattr(base, field_name)]
+            if field_name == "tp" and field_name in s.options:
+                values = tensor_degrees(degree, opts.tps)
+            elif field_name == "vocab":
+                values = [v for v in values if v in s.vocabs] or ["auto"]
+            elif field_name == "dp_shard":
+                values = [k for k in values if dp % k == 0] or [1]  # a shard group spans whole replicas
+            axes[field_name] = values
+        for combo in itertools.product(*axes.values()):  # in AXES' nesting order
+            out.append(replace(base, **dict(zip(axes, combo))))
     return out

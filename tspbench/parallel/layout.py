@@ -18,6 +18,8 @@ RECOMPUTE = ("none", "selective", "full")
 kept); full: every block recomputed in backward (docs/method.md#choice-recompute)."""
 VOCAB = ("auto", "replicated", "ring")
 """Embedding / LM-head layouts (ParallelConfig.vocab)."""
+MLP_EXCHANGES = ("ring", "biring", "broadcast")
+"""How TSP's gated-MLP weight shards reach every rank (ParallelConfig.mlp_exchange; docs/method.md#tsp-mlp)."""
 
 
 def _need(cond: bool, msg: str) -> None:
@@ -172,6 +174,18 @@ class ParallelConfig:
     Megatron; replicated in sp and tsp; FSDP-sharded in fsdp_sp), replicated (whole on every rank), or ring (tsp
     only: 1/D of the vocabulary per rank, shards passed round the TSP ring with an online-softmax cross-entropy;
     docs/method.md#choice-embedding)."""
+    mlp_exchange: str = "ring"
+    """tsp only: how the gated MLP's weight shards reach every rank: ring (one hop a step round a ring, default),
+    biring (half of each shard each way round the ring: both directions of every link) or broadcast (each owner's
+    shard broadcast, as attention's; docs/method.md#tsp-mlp)."""
+    regather_kv: bool = True
+    """tsp only: backward re-gathers each owner's K/V (true, default: communication, not memory) or keeps the ones
+    gathered last (false: under recompute=full the replay's, for the layer being differentiated; otherwise the
+    forward's, for every layer) — a memory–communication trade (docs/method.md#choice-backward)."""
+    dp_shard: int = 1
+    """fsdp_sp only: data-parallel replicas one FSDP shard group spans (HSDP, torchtitan's dp_shard): 1 shards every
+    weight within its replica's Σ ranks and replicates across replicas (default); dp shards over all dp × Σ ranks
+    (plain FSDP). Must divide dp (docs/method.md#fsdp-sp)."""
 
     # -- derived facts (every one a property; nothing else tests the scheme name for them) -------------------
     @property
@@ -255,6 +269,12 @@ class ParallelConfig:
             extra.append(f"vocab={self.vocab}")
         if self.kv_bucket_heads:
             extra.append(f"kv_bucket_heads={self.kv_bucket_heads}")
+        if self.mlp_exchange != "ring":
+            extra.append(f"mlp={self.mlp_exchange}")
+        if not self.regather_kv:
+            extra.append("K/V kept")
+        if self.dp_shard != 1:
+            extra.append(f"dp_shard={self.dp_shard}")
         return " ".join(p for p in (s.title, shape, f"({', '.join(extra)})" if extra else "") if p)
 
     def key(self) -> tuple:
@@ -277,6 +297,9 @@ class ParallelConfig:
             recompute=rec.get("recompute") or "none",
             msp=True if rec.get("msp") is None else bool(rec["msp"]),
             vocab=rec.get("vocab") or "auto",
+            mlp_exchange=rec.get("mlp_exchange") or "ring",
+            regather_kv=True if rec.get("regather_kv") is None else bool(rec["regather_kv"]),
+            dp_shard=int(rec.get("dp_shard") or 1),
         )
 
 
@@ -301,4 +324,7 @@ def layout_fields(par: ParallelConfig) -> dict[str, Any]:
         "msp": par.msp if "msp" in takes else None,
         "vocab": par.vocab,
         "kv_bucket_heads": par.kv_bucket_heads if "kv_bucket_heads" in takes else None,
+        "mlp_exchange": par.mlp_exchange if "mlp_exchange" in takes else None,
+        "regather_kv": par.regather_kv if "regather_kv" in takes else None,
+        "dp_shard": par.dp_shard if "dp_shard" in takes else None,
     }

@@ -163,7 +163,7 @@ for _s in (
         token_degree=_degree,
         # sp's tokens; every weight (norms, embedding and head too) ÷ N = dp·Σ by FSDP
         divisors=lambda par: Divisors(1, par.degree, par.fsdp_shards, par.degree, 1, 1, par.degree),
-        options=("sp_variant", "vocab"),
+        options=("sp_variant", "dp_shard", "vocab"),
         vocabs=("auto",),
         exchange=True,
         fsdp=True,
@@ -179,7 +179,7 @@ for _s in (
         tensor_degree=_degree,
         token_degree=_degree,
         divisors=lambda par: Divisors(par.degree, par.degree, par.degree, par.degree, 1, 1, par.degree),
-        options=("kv_bucket_heads", "vocab"),
+        options=("kv_bucket_heads", "mlp_exchange", "regather_kv", "vocab"),
         vocabs=VOCAB,
     ),
 ):  # display order: the single-device reference, the baselines, then the method

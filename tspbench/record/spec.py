@@ -153,8 +153,9 @@ def make_run_id(spec: RunSpec) -> str:
     ident = {k: getattr(spec, k) for k in RunSpec.IDENTITY}
     if spec.vocab != "auto":  # the default keeps the run ids of records written before the option
         ident["vocab"] = spec.vocab
-    if spec.kv_bucket_heads:  # likewise
-        ident["kv_bucket_heads"] = spec.kv_bucket_heads
+    for option, default in (("kv_bucket_heads", 0), ("mlp_exchange", "ring"), ("regather_kv", True), ("dp_shard", 1)):
+        if getattr(spec, option) != default:  # likewise: a default keeps the run ids of earlier records
+            ident[option] = getattr(spec, option)
     if takes(spec.scheme, "msp"):  # Megatron-SP on T became the default: never share an id with a plain run
         ident["msp"] = spec.msp
     digest = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:10]

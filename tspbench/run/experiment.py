@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tspbench.config import DTYPES, MODES, ConfigError, ModelConfig
-from tspbench.parallel import RECOMPUTE, SCHEMES, SP_VARIANTS, VOCAB, scheme, takers, takes
+from tspbench.parallel import AXES, MLP_EXCHANGES, RECOMPUTE, SCHEMES, SP_VARIANTS, VOCAB, scheme, takers, takes
 
 DEVICES = ("auto", "cpu", "cuda")
 EXECUTIONS = ("auto", "measure", "estimate", "model")
@@ -65,6 +65,15 @@ class SchemeOptions:
     kv_bucket_heads: list[int] = field(default_factory=lambda: [0])
     """tsp: KV heads per K/V all-gather to run (ParallelConfig.kv_bucket_heads; 0: one all-gather per owner), e.g.
     `scheme_opts.tsp.kv_bucket_heads=[0,1]`; ignored by the other schemes."""
+    mlp_exchanges: list[str] = field(default_factory=lambda: ["ring"])
+    """tsp: how the MLP's weight shards travel (ParallelConfig.mlp_exchange: ring | biring | broadcast), e.g.
+    `scheme_opts.tsp.mlp_exchanges=[ring,biring]`; ignored by the other schemes."""
+    regather_kvs: list[bool] = field(default_factory=lambda: [True])
+    """tsp: backward re-gathers K/V (true) and/or keeps the ones gathered last (false; ParallelConfig.regather_kv);
+    ignored by the other schemes."""
+    dp_shards: list[int] = field(default_factory=lambda: [1])
+    """fsdp_sp: replicas one FSDP shard group spans (ParallelConfig.dp_shard; 1: within the replica, HSDP; dp: all);
+    values that do not divide dp are skipped; ignored by the other schemes."""
 
 
 @dataclass
@@ -109,6 +118,12 @@ class ExperimentConfig:
     """If set, replaces `scheme_opts.tsp.kv_bucket_heads` (KV heads per K/V all-gather; 0: one per owner); tsp only."""
     msp: bool | None = None
     """If set, replaces `scheme_opts.tp_sp.msps` (false: the plain TP × SP ablation); tp_sp only."""
+    mlp_exchange: str | None = None
+    """If set, replaces `scheme_opts.tsp.mlp_exchanges` (ring | biring | broadcast); tsp only."""
+    regather_kv: bool | None = None
+    """If set, replaces `scheme_opts.tsp.regather_kvs` (false: backward keeps the K/V gathered last); tsp only."""
+    dp_shard: int | None = None
+    """If set, replaces `scheme_opts.fsdp_sp.dp_shards` (replicas one FSDP shard group spans); fsdp_sp only."""
     dp: int = 1
     """Data-parallel replicas per run; world size = dp × degree."""
     recompute: str = "none"
@@ -181,16 +196,14 @@ def schemes_of(cfg: ExperimentConfig) -> list[str]:
 
 
 def options_of(cfg: ExperimentConfig, scheme: str) -> SchemeOptions:
-    """A scheme's options with the singular keys (`sp_variant=`, `vocab=`, `tp=`, `msp=`, `kv_bucket_heads=`)
-    applied."""
+    """A scheme's options with the singular keys (`sp_variant=`, `vocab=`, `tp=`, `msp=`, `kv_bucket_heads=`,
+    `mlp_exchange=`, `regather_kv=`, `dp_shard=`: each option field's own name) applied."""
     opts = cfg.scheme_opts.get(scheme) or SchemeOptions()
-    return SchemeOptions(
-        sp_variants=[cfg.sp_variant] if cfg.sp_variant is not None else list(opts.sp_variants),
-        vocabs=[cfg.vocab] if cfg.vocab is not None else list(opts.vocabs),
-        tps=[cfg.tp] if cfg.tp is not None else list(opts.tps),
-        msps=[cfg.msp] if cfg.msp is not None else list(opts.msps),
-        kv_bucket_heads=[cfg.kv_bucket_heads] if cfg.kv_bucket_heads is not None else list(opts.kv_bucket_heads),
-    )
+    axes = {}
+    for option, axis in AXES.items():  # tspbench.parallel: option field → its SchemeOptions / LayoutOptions axis
+        single = getattr(cfg, option)
+        axes[axis] = [single] if single is not None else list(getattr(opts, axis))
+    return SchemeOptions(**axes)
 
 
 def scheme_defaults() -> dict[str, SchemeOptions]:
@@ -223,6 +236,8 @@ def validate_experiment(cfg: ExperimentConfig) -> None:
         _one_of("scheme", cfg.scheme, SCHEMES)
     if cfg.sp_variant is not None:
         _one_of("sp_variant", cfg.sp_variant, SP_VARIANTS)
+    if cfg.mlp_exchange is not None:
+        _one_of("mlp_exchange", cfg.mlp_exchange, MLP_EXCHANGES)
     if cfg.vocab is not None:
         _one_of("vocab", cfg.vocab, VOCAB)
         others = [s for s in schemes_of(cfg) if cfg.vocab not in scheme(s).vocabs]
@@ -232,7 +247,9 @@ def validate_experiment(cfg: ExperimentConfig) -> None:
                 f"vocab={cfg.vocab} is a {'|'.join(allowed)} option; use scheme={allowed[0]} vocab={cfg.vocab}, or "
                 f"scheme_opts.{allowed[0]}.vocabs=[{cfg.vocab}] for it inside a grid of several schemes"
             )
-    for key in ("tp", "msp", "kv_bucket_heads"):  # a singular key of one scheme's option: that scheme must be there
+    for key in AXES:  # a singular key of one scheme's option: a scheme taking it must be in the grid
+        if key in ("sp_variant", "vocab"):  # several schemes take these (checked above and per grid point)
+            continue
         if getattr(cfg, key) is not None and not any(takes(s, key) for s in schemes_of(cfg)):
             name = takers(key)[0]
             value = getattr(cfg, key)
@@ -264,6 +281,11 @@ def validate_experiment(cfg: ExperimentConfig) -> None:
         for k in opts.kv_bucket_heads:
             if k < 0:
                 raise ConfigError(f"scheme_opts.{name}.kv_bucket_heads={k} must be ≥ 0 (0: one all-gather per owner)")
+        for v in opts.mlp_exchanges:
+            _one_of(f"scheme_opts.{name}.mlp_exchanges", v, MLP_EXCHANGES)
+        for k in opts.dp_shards:
+            if k < 1:
+                raise ConfigError(f"scheme_opts.{name}.dp_shards={k} must be ≥ 1 (replicas one FSDP shard group spans)")
     if cfg.warmup_steps < 0 or cfg.measured_steps < 1:
         raise ConfigError(f"warmup_steps={cfg.warmup_steps} must be ≥ 0 and measured_steps={cfg.measured_steps} ≥ 1")
     if cfg.timeout_s <= 0:

@@ -18,7 +18,7 @@ from dataclasses import asdict
 from typing import Any
 
 from tspbench.cli import hardware_name
-from tspbench.parallel import LayoutOptions, layouts, scheme
+from tspbench.parallel import AXES, LayoutOptions, layouts, scheme
 from tspbench.record.spec import RunSpec
 from tspbench.run.experiment import ExperimentConfig, FaultConfig, axes, options_of, schemes_of, validate_experiment
 
@@ -74,14 +74,9 @@ def layout_options(cfg: ExperimentConfig, name: str, degree: int) -> LayoutOptio
     T = 1 SP); a degree none of them divides runs auto (tspbench.run.checks refuses a T that divides none of the
     degrees)."""
     opts = options_of(cfg, name)
-    proper = tuple(t for t in opts.tps if t == 0 or (1 < t < degree and degree % t == 0))
-    return LayoutOptions(
-        sp_variants=tuple(opts.sp_variants),
-        tps=proper or (0,),
-        msps=tuple(opts.msps),
-        vocabs=tuple(opts.vocabs),
-        kv_bucket_heads=tuple(opts.kv_bucket_heads),
-    )
+    axes = {axis: tuple(getattr(opts, axis)) for axis in AXES.values()}
+    axes["tps"] = tuple(t for t in opts.tps if t == 0 or (1 < t < degree and degree % t == 0)) or (0,)
+    return LayoutOptions(**axes)
 
 
 def _fault_for(f: FaultConfig, scheme: str, seq_len: int, world: int) -> dict[str, Any]:

@@ -35,7 +35,7 @@ from tspbench.predict.costmodel.params import (
     selective_reruns_kernel,
     state_bytes_per_param,
 )
-from tspbench.predict.costmodel.workload import Workload
+from tspbench.predict.costmodel.workload import PRICING, Pricing, Workload
 
 # ---------------------------------------------------------------------------------------------- overlap
 OVERLAPS = ("none", "ideal", "schedule")
@@ -160,9 +160,10 @@ def step_time(
     overlap: str = "none",
     layers: int | None = None,
     causal_halved: bool = True,
-    regather_kv: bool | None = None,
+    pricing: Pricing = PRICING,
 ) -> dict:
-    """One replica's step on one device: compute, communication, and the step under the overlap rule.
+    """One replica's step on one device: compute, communication, and the step under the overlap rule (`pricing`:
+    which priced mechanisms apply, workload.Pricing).
 
     Compute: `compute_time_s`. Communication: per-layer collectives × layers, the vocabulary-parallel embedding /
     head collectives (full model), plus (train) the in-group gradient all-reduce.
@@ -174,7 +175,7 @@ def step_time(
     n_layers = model.n_layers if layers is None else layers
     flops, compute_s = compute_time_s(par, work, hw, layers=layers, causal_halved=causal_halved)
 
-    colls = layer_collectives(par, work, regather_kv=regather_kv)
+    colls = layer_collectives(par, work)
     comm_s = n_layers * collectives_time_s(colls, hw, b)
     if layers is None:
         comm_s += collectives_time_s(edge_collectives(par, work), hw, b)
@@ -239,8 +240,9 @@ def cluster_throughput(
     overlap: str = "none",
     layers: int | None = None,
     causal_halved: bool = True,
+    pricing: Pricing = PRICING,
 ) -> dict:
-    """Tokens/s of n_gpus // degree data-parallel replicas, each running `step_time`.
+    """Tokens/s of n_gpus // degree data-parallel replicas, each running `step_time` (`pricing`: workload.Pricing).
 
     Training adds the DP gradient all-reduce of each device's gradients (ring over the replicas, on the
     inter-node NIC once the cluster spans nodes) to the communication; a forward pass has none.
@@ -251,7 +253,7 @@ def cluster_throughput(
     if par.spec.fsdp:  # FSDP shards over every replica (dp × Σ): its reduce-scatter is the DP average
         par = replace(par, dp=dp)
     sched = "schedule" if overlap == "schedule" else "none"
-    st = step_time(par, work, hw, overlap=sched, layers=layers, causal_halved=causal_halved)
+    st = step_time(par, work, hw, overlap=sched, layers=layers, causal_halved=causal_halved, pricing=pricing)
     dp_allreduce_s = 0.0
     if work.mode == "train" and dp > 1 and not par.spec.fsdp:
         grad_bytes = params_per_device(work.model, par, layers) * state_bytes_per_param(work.dtype)["grads"]

@@ -62,3 +62,28 @@ class Training:
 
 TRAINING = Training()
 """The default training setting: AdamW, fp32 master weights and moments, gradients in the run dtype."""
+
+
+@dataclass(frozen=True)
+class Pricing:
+    """Which of the time model's priced mechanisms apply (all, by default). Each is something the code does (an
+    overlap it issues, a link it uses); switching one off prices the code as it was before that change, which is how
+    the before → after table of the fair-fight changes is made (every change alone and all together)."""
+
+    links: str = "topology"
+    """topology: a collective is priced on the links its group really has (on a fully connected mesh a p-GPU group
+    has p − 1 links per GPU; on a switched node the full per-GPU bandwidth; across nodes the NIC); node: every
+    intra-node collective gets the whole node's bandwidth (the rule before the topology model)."""
+    dp_overlap: bool = True
+    """The data-parallel gradient reduction runs behind the backward (bucketed, launched from gradient hooks as DDP
+    and Megatron's --overlap-grad-reduce do); false: it follows the backward, exposed."""
+    tp_async: bool = True
+    """Megatron's default backward overlap of the TP family (the sequence-parallel input re-gathered behind the dgrad
+    GEMM, dgrad reduce-scattered behind the wgrad GEMM); false: every TP collective synchronous."""
+    tsp_kv_pipeline: bool = True
+    """TSP's K/V all-gathers pipelined across owners (owner r+1's projections and gather posted before owner r's
+    attention); false: each owner's gather waited at once."""
+
+
+PRICING = Pricing()
+"""Every priced mechanism the code has."""
