@@ -1,10 +1,12 @@
 """The issue-order record the overlap tests read (tests/integration/test_overlap.py, test_ring_overlap.py): one real
 training step of a scheme on spawned gloo ranks, with rank 0's CommLog events (post / wait / compute, in order)
-written as JSON; and the synchronous rewrite of such a record that every overlap checker must reject."""
+written as JSON; the synchronous rewrite of such a record that every overlap checker must reject; and the rewrite
+that posts chosen collectives only where they are waited (the order of the code before a pipeline)."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 import torch
 
@@ -12,8 +14,8 @@ from tspbench.config import ModelConfig
 from tspbench.parallel import ParallelConfig
 
 
-def record_step_events(rank: int, world: int, model: ModelConfig, par: ParallelConfig, seq: int, out_file: str) -> None:
-    """Spawned per rank (tspbench.spawn): one training step; rank 0 writes its event list to `out_file`."""
+def _step_events(model: ModelConfig, par: ParallelConfig, seq: int) -> list[tuple[str, str]]:
+    """One training step of `par` on this rank (inside a spawned group): its CommLog events."""
     from tspbench.schemes import ApplyArgs, apply_scheme, build_mesh
     from tspbench.schemes.comm import CommLog
     from tspbench.schemes.train import MixedPrecisionAdamW, train_step
@@ -23,9 +25,26 @@ def record_step_events(rank: int, world: int, model: ModelConfig, par: ParallelC
     tokens = torch.randint(0, model.vocab_size, (1, seq), generator=torch.Generator().manual_seed(0))
     tok, tgt, pos = pm.local_batch(tokens, tokens.roll(-1, 1))
     train_step(pm, MixedPrecisionAdamW(list(pm.parameters()), lr=1e-3), tok, tgt, pos)
+    return log.events
+
+
+def record_step_events(rank: int, world: int, model: ModelConfig, par: ParallelConfig, seq: int, out_file: str) -> None:
+    """Spawned per rank (tspbench.spawn): one training step; rank 0 writes its event list to `out_file`."""
+    events = _step_events(model, par, seq)
     if rank == 0:
         with open(out_file, "w") as f:
-            json.dump(log.events, f)
+            json.dump(events, f)
+
+
+def record_steps_events(
+    rank: int, world: int, model: ModelConfig, pars: dict[str, ParallelConfig], seq: int, out_file: str
+) -> None:
+    """Spawned per rank: one training step of each layout in `pars` (one rank group for all of them, spawning is the
+    slow part); rank 0 writes {name: its event list} to `out_file`."""
+    events = {name: _step_events(model, par, seq) for name, par in pars.items()}
+    if rank == 0:
+        with open(out_file, "w") as f:
+            json.dump(events, f)
 
 
 def index_of(events: list[tuple[str, str]], kind: str, label: str, bad: list[str]) -> int:
@@ -46,3 +65,47 @@ def synchronous(events: list) -> list[tuple[str, str]]:
         elif kind == "compute":
             sync.append(("compute", label))
     return sync
+
+
+def posted_at_wait(events: list, moved: Callable[[str], bool]) -> list[tuple[str, str]]:
+    """The same record with every collective whose label `moved` accepts posted only where it is waited (right
+    before its wait): the order of code that posts such a collective when it needs its result, e.g. TSP's owner
+    loop before the K/V pipeline, whose first bucket's all-gather was posted and waited at once."""
+    ev = [(str(kind), str(label)) for kind, label in (tuple(e) for e in events)]
+    out: list[tuple[str, str]] = []
+    for kind, label in ev:
+        if kind == "post" and moved(label):
+            continue
+        if kind == "wait" and moved(label):
+            out.append(("post", label))
+        out.append((kind, label))
+    return out
+
+
+def record_grad_sync_events(
+    rank: int, world: int, model: ModelConfig, par: ParallelConfig, seq: int, bucket: int, out_file: str
+) -> None:
+    """Spawned per rank: one training step with gradient-sync buckets of at most `bucket` elements; rank 0 writes its
+    event list (the buckets' posts and waits, each block's backward start, the end of layer 0's) to `out_file`."""
+    from tspbench.schemes import ApplyArgs, apply_scheme, build_mesh
+    from tspbench.schemes.comm import CommLog
+    from tspbench.schemes.train import MixedPrecisionAdamW, train_step
+
+    log = CommLog()
+    pm = apply_scheme(model, par, ApplyArgs(build_mesh(par, "cpu"), seq, 0, torch.float32, "cpu", log))
+    pm.grad_bucket_elems = bucket
+    tokens = torch.randint(0, model.vocab_size, (par.dp, seq), generator=torch.Generator().manual_seed(0))
+    tok, tgt, pos = pm.local_batch(tokens, tokens.roll(-1, 1))
+    train_step(pm, MixedPrecisionAdamW(list(pm.parameters()), lr=1e-3), tok, tgt, pos)
+    if rank == 0:
+        with open(out_file, "w") as f:
+            json.dump(log.events, f)
+
+
+def after_backward(events: list, prefix: str) -> list[tuple[str, str]]:
+    """The same record with every collective whose label starts with `prefix` posted and waited after all of the
+    step's compute: a synchronous gradient sync (all-reduces after backward, as before the overlap)."""
+    ev = [tuple(e) for e in events]
+    moved = [e for e in ev if e[1].startswith(prefix)]
+    posted = [label for kind, label in moved if kind == "post"]
+    return [e for e in ev if not e[1].startswith(prefix)] + [(k, lb) for lb in posted for k in ("post", "wait")]

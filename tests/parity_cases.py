@@ -90,6 +90,12 @@ def case_id(vc: VerifyConfig, breakage: str | None) -> str:
         s += f"-vocab_{vc.vocab}"
     if vc.kv_bucket_heads:
         s += f"-kvb{vc.kv_bucket_heads}"
+    if vc.mlp_exchange != "ring":
+        s += f"-mlp_{vc.mlp_exchange}"
+    if not vc.regather_kv:
+        s += "-keepkv"
+    if vc.dp_shard != 1:
+        s += f"-dps{vc.dp_shard}"
     if vc.grad_bucket_elems:
         s += f"-bucket{vc.grad_bucket_elems}"
     if vc.decode_steps:
@@ -188,6 +194,27 @@ def cases_for_world(world: int) -> list[tuple[VerifyConfig, str | None]]:
             out.append((replace(_vc(model, "tsp", world, recompute=rc), kv_bucket_heads=1), None))
         if world == 2:  # 4 KV heads per owner in buckets of 3: an uneven last bucket
             out.append((replace(_vc(MHA, "tsp", 2, recompute="selective"), kv_bucket_heads=3), None))
+    # ---- TSP's MLP exchanges and kept K/V (docs/method.md#tsp-mlp, #choice-backward) --------------------------
+    # mlp_exchange=biring | broadcast and regather_kv=false, each at D = 2, 3, 4 in a covering design (D = 2: MHA
+    # without recompute, GQA full; D = 3: GQA without, MHA full; D = 4 as D = 2), the kept K/V in head buckets, a
+    # biring whose halves are uneven (33 channels per shard at D = 4), and a broken variant of each.
+    if world in (2, 3, 4):
+        mha, gqa = (MHA3, GQA3) if world == 3 else (MHA, GQA)
+        pairs = [(gqa, "none"), (mha, "full")] if world == 3 else [(mha, "none"), (gqa, "full")]
+        for option in ({"mlp_exchange": "biring"}, {"mlp_exchange": "broadcast"}, {"regather_kv": False}):
+            for model, rc in pairs:
+                out.append((replace(_vc(model, "tsp", world, recompute=rc), **option), None))
+        if world == 4:
+            out.append((replace(_vc(MHA, "tsp", 4, recompute="full"), regather_kv=False, kv_bucket_heads=1), None))
+            odd = replace(MHA, name="tiny_ffn132", ffn_hidden=132)
+            out.append((replace(_vc(odd, "tsp", 4), mlp_exchange="biring"), None))
+            out.append((replace(_vc(GQA, "tsp", 4, recompute="full"), regather_kv=False), "kept_kv_wrong_owner"))
+        if world == 2:
+            out += [
+                (replace(_vc(MHA, "tsp", 2), mlp_exchange="biring"), "biring_half_applied_twice"),
+                (replace(_vc(MHA, "tsp", 2), mlp_exchange="broadcast"), "mlp_broadcast_skipped"),
+                (replace(_vc(MHA, "tsp", 2), regather_kv=False), "kept_kv_wrong_owner"),
+            ]
     if world == 2:  # low-precision smoke: same comparison, dtype-based tolerance (verify.TOL)
         for scheme, variant, tp in VARIANTS[2]:
             for dtype in ("float32", "bfloat16"):
@@ -218,6 +245,9 @@ def cases_for_world(world: int) -> list[tuple[VerifyConfig, str | None]]:
             # a K/V bucket that gathers another bucket's heads: caught only where there are several buckets
             (replace(_vc(MHA, "tsp", 2), kv_bucket_heads=1), "kv_bucket_wrong_heads"),
         ]
+        # Megatron's column-parallel backward (schemes/ops/tensor_parallel.py) without its dgrad reduction: the
+        # Megatron-SP reduce-scatter (tp_msp) and the plain all-reduce (tp) skipped
+        out += [(_vc(MHA, "tp_msp", 2), "tp_dgrad_not_reduced"), (_vc(GQA, "tp", 2), "tp_dgrad_not_reduced")]
     if world == 4:
         out += [
             (_vc(MHA, "tsp", 4), "skipped_ring_hop"),
@@ -234,6 +264,26 @@ def cases_for_world(world: int) -> list[tuple[VerifyConfig, str | None]]:
             (_vc(GQA, "sp", 4, "ring"), "ring_dkv_not_returned"),
             (_vc(MHA, "fsdp_sp", 4, "ring"), "ring_dkv_not_returned"),
             (replace(_vc(MHA, "tsp", 4), kv_bucket_heads=1), "kv_bucket_wrong_heads"),
+        ]
+    # ---- the data-parallel side: overlapped gradient sync and HSDP (docs/method.md#choice-overlap, #fsdp-sp) -----
+    # The gradient sync posts each bucket from backward's gradient hooks (every dp = 2 case above runs it, the
+    # `-bucket512` ones with lone and packed buckets); a bucket posted at its first gradient instead of its last must
+    # fail (sp: the in-group sum; tp: the DP average). fsdp_sp at dp = 2 with dp_shard = 1 (HSDP: shard within the
+    # replica, all-reduce across the 2; the dp = 2 cases above) and dp_shard = 2 (plain FSDP over all 2·Σ ranks), at
+    # D = 2 (MHA, GQA) and D = 4 (MHA with dp_shard 1, GQA with 2); HSDP without its all-reduce must fail.
+    if world == 2:
+        out.append((_vc(MHA, "sp", 2), "grad_bucket_posted_early"))
+    if world == 4:
+        out += [
+            (replace(_vc(MHA, "fsdp_sp", 2, dp=2), dp_shard=2), None),
+            (replace(_vc(GQA, "fsdp_sp", 2, dp=2, recompute="full"), dp_shard=2), None),
+            (_vc(MHA, "tp", 2, dp=2), "grad_bucket_posted_early"),
+            (_vc(GQA, "fsdp_sp", 2, dp=2), "hsdp_no_replicate_all_reduce"),
+        ]
+    if world == 8:
+        out += [
+            (_vc(MHA, "fsdp_sp", 4, dp=2, recompute="selective"), None),
+            (replace(_vc(GQA, "fsdp_sp", 4, dp=2), dp_shard=2), None),
         ]
     return out
 
@@ -276,6 +326,11 @@ def decode_cases_for_world(world: int) -> list[tuple[VerifyConfig, str | None]]:
         out += [(greedy(MHA, "tsp", 2), "wrong_cache_position"), (greedy(MHA, "sp", 2), "wrong_cache_position")]
     if world == 4:
         out += [(greedy(GQA, "tsp", 4), None)]
+    # ---- TSP's MLP exchanges serve too: the prefill moves the MLP shards as the layout says (decode keeps them in
+    # place), and regather_kv (a backward option) changes nothing in serving
+    if world == 4:
+        out += [(replace(dec(MHA, "tsp", 4), mlp_exchange="biring"), None)]
+        out += [(replace(dec(GQA, "tsp", 4), mlp_exchange="broadcast", regather_kv=False), None)]
     return out
 
 

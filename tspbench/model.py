@@ -213,10 +213,17 @@ class Attention(nn.Module, CoreAttention):
 def project_qkv(x, wq, wk, wv, positions, head_dim: int, theta: float):
     """Q, K, V for the heads whose weight rows are given, RoPE'd at the given global positions.
     Returns q [B, n_q, S_loc, d], k, v [B, n_kv, S_loc, d]."""
-    cos, sin = rope_cos_sin(positions, head_dim, theta, x.dtype)
-    q = apply_rope(linear(x, wq).unflatten(-1, (-1, head_dim)), cos, sin)  # unflatten: a view in either order
-    k = apply_rope(linear(x, wk).unflatten(-1, (-1, head_dim)), cos, sin)
-    v = linear(x, wv).unflatten(-1, (-1, head_dim))
+    return rope_heads(linear(x, wq), linear(x, wk), linear(x, wv), positions, head_dim, theta)
+
+
+def rope_heads(xq, xk, xv, positions, head_dim: int, theta: float):
+    """The projections' outputs [B, S_loc, heads·d] as heads: q, k RoPE'd at the given global positions, v as is
+    (a scheme that computes the projections itself, e.g. Megatron's column-parallel linear, continues here).
+    Returns q [B, n_q, S_loc, d], k, v [B, n_kv, S_loc, d]."""
+    cos, sin = rope_cos_sin(positions, head_dim, theta, xq.dtype)
+    q = apply_rope(xq.unflatten(-1, (-1, head_dim)), cos, sin)  # unflatten: a view in either order
+    k = apply_rope(xk.unflatten(-1, (-1, head_dim)), cos, sin)
+    v = xv.unflatten(-1, (-1, head_dim))
     return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 
 

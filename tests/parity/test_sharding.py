@@ -12,7 +12,7 @@ from tspbench.schemes.ops.sharding import meta_model
 def expected_param_bytes(vc) -> int:
     """Block weights divided by the tensor degree (tp, tp_msp, tsp: degree; tp_sp: T; sp: 1); embedding and
     LM head split by vocabulary over the tensor axis of tp, tp_msp and tp_sp, replicated in sp and tsp
-    (docs/method.md#choice-embedding); norms replicated everywhere. fsdp_sp: every parameter ÷ dp·Σ."""
+    (docs/method.md#choice-embedding); norms replicated everywhere. fsdp_sp: every parameter ÷ dp_shard·Σ."""
     m = vc.model
     d = m.head_dim
     shard = {"tp": vc.degree, "tp_msp": vc.degree, "tsp": vc.degree, "sp": 1, "single": 1, "tp_sp": vc.tp or 1}.get(
@@ -23,9 +23,9 @@ def expected_param_bytes(vc) -> int:
     vocab_shard = {"auto": 1 if vc.scheme in ("sp", "tsp") else shard, "replicated": 1, "ring": vc.degree}[vc.vocab]
     replicated = 2 * m.vocab_size * m.dim // vocab_shard + (2 * m.n_layers + 1) * m.dim
     elem = {"float64": 8, "float32": 4, "bfloat16": 2}[vc.dtype]
-    if vc.scheme == "fsdp_sp":  # FSDP2: every parameter row-sharded over dp × Σ (docs/method.md#fsdp-sp)
+    if vc.scheme == "fsdp_sp":  # FSDP2: every parameter row-sharded over its shard group, dp_shard × Σ (HSDP)
         total = 2 * m.vocab_size * m.dim + (2 * m.n_layers + 1) * m.dim + m.n_layers * block
-        return elem * total // (vc.dp * vc.degree)
+        return elem * total // (vc.dp_shard * vc.degree)
     return elem * (replicated + m.n_layers * block // shard)
 
 
@@ -92,10 +92,11 @@ def test_kv_replicated_param_bytes_match_cost_model(parity_results, cid):
 
 @pytest.mark.parametrize("cid", [k for k, v in ALL.items() if v[2] is None and v[1].scheme == "fsdp_sp"])
 def test_fsdp_every_parameter_sharded(parity_results, cid):
-    """fsdp_sp: each rank holds exactly 1/(dp·Σ) of EVERY parameter (norms, embedding and head included), not just
-    1/(dp·Σ) of the total: the per-parameter local sizes, summed over ranks, are each parameter's size once."""
+    """fsdp_sp: each rank holds exactly 1/N of EVERY parameter (norms, embedding and head included), N = dp_shard·Σ
+    its shard group (docs/method.md#fsdp-sp), not just 1/N of the total: the per-parameter local sizes, summed over
+    a shard group's ranks, are each parameter's size once."""
     world, vc, _ = ALL[cid]
-    n = vc.dp * vc.degree
+    n = vc.dp_shard * vc.degree
     ref = dict(meta_model(vc.model, "none")[0].named_parameters())
     per_rank = parity_results(world)[cid]["local_numel"]
     assert len(per_rank) == world

@@ -121,8 +121,19 @@ def test_the_scheme_receives_every_option():
     fwd = [o[0] for o in rec["comm_ops_layer0"] if o[1] == "fwd"]
     per_owner = MODEL.n_kv_heads // tsp.degree  # 2 KV heads per owner, buckets of 1: 2 all-gathers per owner
     assert fwd.count("all_gather") == tsp.degree * per_owner
-    unbucketed = estimate(replace(tsp, kv_bucket_heads=0), Workload(MODEL, SEQ, 1, dtype="float32"))
-    assert [o[0] for o in unbucketed["comm_ops_layer0"] if o[1] == "fwd"].count("all_gather") == tsp.degree
+    # (op, phase, group, numel, received, bytes, recompute) of layer 0's collectives
+    ops, shard = rec["comm_ops_layer0"], 3 * MODEL.dim * MODEL.ffn_hidden // tsp.degree  # one MLP shard
+    hops = [o for o in ops if o[0] == "send_recv" and o[1] == "fwd"]
+    assert len(hops) == 2 * (tsp.degree - 1) and {o[3] for o in hops} == {shard // 2}  # biring: half a shard each way
+    # regather_kv=false: backward gathers no K/V; its only all-gathers are the full-recompute replay's
+    assert not [o for o in ops if o[0] == "all_gather" and o[1] == "bwd" and not o[6]]
+    assert sum(o[0] == "all_gather" and o[6] for o in ops) == tsp.degree * per_owner
+    plain = replace(tsp, kv_bucket_heads=0, mlp_exchange="ring", regather_kv=True)  # every TSP option at its default
+    ops = estimate(plain, Workload(MODEL, SEQ, 1, dtype="float32"))["comm_ops_layer0"]
+    assert [o[0] for o in ops if o[1] == "fwd"].count("all_gather") == tsp.degree
+    hops = [o for o in ops if o[0] == "send_recv" and o[1] == "fwd"]
+    assert len(hops) == tsp.degree - 1 and {o[3] for o in hops} == {shard}  # the ring: one whole shard one way
+    assert sum(o[0] == "all_gather" and o[1] == "bwd" and not o[6] for o in ops) == tsp.degree  # re-gathered
 
 
 def test_a_dropped_option_is_caught():

@@ -37,7 +37,7 @@ def test_plan_ranks_fitting_layouts(ranked64):
 
 
 def test_enumeration_covers_every_implemented_layout():
-    cands = planner.candidates(64, max_degree=8)
+    cands = planner.candidates(PlanRequest(LLAMA7B, S128K, 64, "mi300x", max_degree=8))
     pars = [p for p, _ in cands]
     assert {b for _, b in cands} == {1, 2, 4} and {p.recompute for p in pars} == {"none", "selective", "full"}
     assert {p.sp_variant for p in pars if p.scheme == "sp"} == {"allgather", "ring", "ulysses"}

@@ -123,18 +123,24 @@ def throughput_assumptions(
     ratios = [tsp / v for v in ratios]
     return [
         f"assumptions ({p.name} profile, conf/hardware/{p.name}.yaml): bf16 peak {p.peak_flops_bf16 / 1e12:,.0f} "
-        f"TFLOP/s × matmul efficiency {p.matmul_efficiency:g}; intra-node collectives {p.intra_node_bw / 1e9:,.0f} "
-        f"GB/s per GPU, α = {p.intra_node_latency_s * 1e6:g} µs; peer-to-peer link "
-        f"{(p.intra_node_p2p_bw or p.intra_node_bw) / 1e9:,.0f} GB/s; "
-        f"inter-node {p.inter_node_bw / 1e9:,.0f} GB/s per GPU, "
-        f"α = {p.inter_node_latency_s * 1e6:g} µs; collective efficiency {p.comm_efficiency:g}.",
-        "overlap: none = compute + communication; schedule = what the code's issue order hides (TSP's "
-        "double-buffered broadcasts, K/V buckets, ring hops; the baselines' collectives are synchronous); ideal = "
+        f"TFLOP/s × matmul efficiency {p.matmul_efficiency:g}; links as the {p.topology} has them "
+        f"(docs/method.md#collective-cost): {p.links_per_gpu} links of {p.link_bw / 1e9:,.0f} GB/s per GPU at "
+        f"efficiency {p.link_efficiency:g}"
+        + (", a p-GPU group its p − 1 links, a point-to-point hop one" if p.topology == "mesh" else "")
+        + f", α = {p.intra_node_latency_s * 1e6:g} µs; inter-node {p.inter_node_bw / 1e9:,.0f} GB/s per GPU at "
+        f"efficiency {p.nic_efficiency:g}, α = {p.inter_node_latency_s * 1e6:g} µs.",
+        "overlap: none = compute + communication; schedule = what the code's issue order hides (TSP's pipelined "
+        "broadcasts and K/V gathers, MLP ring hops; Megatron's asynchronous backward re-gather and dgrad reduction; "
+        "DeepSpeed-Ulysses' split exchanges; ring attention's hops; FSDP's prefetch); ideal = "
         f"max of the two. {n_gpus // degree} data-parallel "
         f"replicas of D = {degree}, B = 1, S = {seq_len // 1024}K; forward only (the claim is 'mostly forward "
         "pass'; no DP all-reduce in a forward).",
         f"training instead (forward + backward + AdamW, full recompute, DP all-reduce, no overlap): TSP ÷ TP×SP "
         f"(T·Σ = {degree}) = {min(ratios):.2f}–{max(ratios):.2f}.",
+        "these rows are each layout with its default options, as the paper's comparison names them; each side at its "
+        "best (recompute, micro-batch, K/V buckets, exchanges, vocabulary split, MLP exchange, Megatron-SP chosen by "
+        "the planner within the memory budget; training and forward at 128K, training at 16K and at D = 16 across "
+        "two nodes) is the README headline's readings table (python -m tspbench.headline), with the options that won.",
     ]
 
 

@@ -236,8 +236,9 @@ class ParallelConfig:
 
     @property
     def fsdp_shards(self) -> int:
-        """N = dp·Σ: the ranks FSDP shards every weight over in an FSDP scheme (docs/method.md#fsdp-sp); 1 else."""
-        return self.dp * self.degree if self.spec.fsdp else 1
+        """N = dp_shard·Σ: the ranks FSDP shards every weight over in an FSDP scheme, its shard group (HSDP: replicated
+        over the dp / dp_shard groups; docs/method.md#fsdp-sp); 1 else."""
+        return self.dp_shard * self.degree if self.spec.fsdp else 1
 
     def resolved_tp(self) -> int:
         """tp_sp's T: `tp`, or the largest T ≤ √degree dividing the degree when tp = 0."""

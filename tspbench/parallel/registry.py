@@ -73,11 +73,11 @@ def _check_tp_sp_msp(m: ModelConfig, p: ParallelConfig, seq_len: int) -> None:
 
 
 def _check_fsdp_sp(m: ModelConfig, p: ParallelConfig, seq_len: int) -> None:
-    n = p.dp * p.degree
+    n = p.fsdp_shards
     _need(
         m.dim % n == 0,
-        f"model.dim={m.dim} must be divisible by dp × degree = {n} (scheme=fsdp_sp shards every weight's rows "
-        f"over dp × degree); allowed dp × degree: {_divisors(m.dim)}",
+        f"model.dim={m.dim} must be divisible by dp_shard × degree = {n} (scheme=fsdp_sp shards every weight's rows "
+        f"over its shard group of dp_shard × degree ranks); allowed dp_shard × degree: {_divisors(m.dim)}",
     )
 
 
@@ -158,10 +158,10 @@ for _s in (
         summary="token sharding as sp, with weights, gradients and optimizer state sharded by FSDP2",
         role="baseline",
         axes="Σ",
-        mesh=("dp", "sp"),
+        mesh=("dp_replicate", "dp_shard", "sp"),  # HSDP: dp = replicas of shard groups × replicas within one
         tensor_degree=_one,
         token_degree=_degree,
-        # sp's tokens; every weight (norms, embedding and head too) ÷ N = dp·Σ by FSDP
+        # sp's tokens; every weight (norms, embedding and head too) ÷ N = dp_shard·Σ by FSDP
         divisors=lambda par: Divisors(1, par.degree, par.fsdp_shards, par.degree, 1, 1, par.degree),
         options=("sp_variant", "dp_shard", "vocab"),
         vocabs=("auto",),

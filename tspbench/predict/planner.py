@@ -32,7 +32,15 @@ from tspbench.parallel import (
     layouts,
     validate_parallel,
 )
-from tspbench.predict.costmodel import OVERLAPS, Workload, cluster_throughput, load_hardware, memory_breakdown
+from tspbench.predict.costmodel import (
+    OVERLAPS,
+    PRICING,
+    Pricing,
+    Workload,
+    cluster_throughput,
+    load_hardware,
+    memory_breakdown,
+)
 
 BATCHES = (1, 2, 4)
 """Micro-batch sizes (sequences per replica per step) tried by default."""
@@ -89,23 +97,26 @@ class PlanRequest:
     """The option axes enumerated (tspbench.parallel.layouts): K/V exchanges, Megatron-SP, vocabulary, buckets."""
     schemes: tuple[str, ...] = PLAN_ORDER
     """The schemes enumerated, in this order (ties in the ranking keep it)."""
+    degrees: tuple[int, ...] = ()
+    """Group sizes tried (each must divide gpus); empty: every d | gpus with d ≤ max_degree."""
+    recomputes: tuple[str, ...] = RECOMPUTE
+    """Activation-recompute modes tried."""
+    mode: str = "train"
+    """train (forward + backward + AdamW: the memory of the whole step) or forward (a forward pass: its memory,
+    no gradients or optimizer state)."""
+    pricing: Pricing = PRICING
+    """The time model's priced mechanisms (costmodel.workload.Pricing)."""
 
 
-def candidates(
-    gpus: int,
-    max_degree: int = MAX_DEGREE,
-    batches: Iterable[int] = BATCHES,
-    options: LayoutOptions = ALL_EXCHANGES,
-    schemes: Iterable[str] = PLAN_ORDER,
-) -> list[tuple[ParallelConfig, int]]:
-    """Every (layout, micro-batch) with group size d | gpus, d ≤ max_degree, dp = gpus / d: tspbench.parallel.layouts
-    over `options` (default: every K/V exchange, Megatron-SP on and off, tp_sp at every factorisation), × every
-    recompute mode × `batches`."""
+def candidates(req: PlanRequest) -> list[tuple[ParallelConfig, int]]:
+    """Every (layout, micro-batch) of the request: group sizes d | gpus (req.degrees, or every d ≤ max_degree),
+    dp = gpus / d, tspbench.parallel.layouts over req.options (default: every K/V exchange, Megatron-SP on and off,
+    tp_sp at every factorisation) × req.recomputes × req.batches."""
     out: list[tuple[ParallelConfig, int]] = []
-    schemes = tuple(schemes)
-    for d in (d for d in range(1, min(gpus, max_degree) + 1) if gpus % d == 0):
-        for p in layouts(d, dp=gpus // d, schemes=schemes, options=options):
-            out += [(replace(p, recompute=rc), b) for rc in RECOMPUTE for b in batches]
+    every = [d for d in range(1, min(req.gpus, req.max_degree) + 1) if req.gpus % d == 0]
+    for d in [d for d in req.degrees if req.gpus % d == 0] if req.degrees else every:
+        for p in layouts(d, dp=req.gpus // d, schemes=tuple(req.schemes), options=req.options):
+            out += [(replace(p, recompute=rc), b) for rc in req.recomputes for b in req.batches]
     return out
 
 
@@ -117,18 +128,18 @@ def plan(req: PlanRequest) -> tuple[list[Layout], int]:
     if req.gpus < 1 or req.max_degree < 1:
         raise ConfigError(f"gpus={req.gpus} and max_degree={req.max_degree} must be ≥ 1")
     hw = load_hardware(req.hardware)
-    cands = candidates(req.gpus, req.max_degree, tuple(req.batches), req.options, req.schemes)
+    cands = candidates(req)
     fits: list[Layout] = []
     for par, b in cands:
         try:
             validate_parallel(req.model, par, req.seq_len, b)
         except ConfigError:
             continue
-        work = Workload(req.model, req.seq_len, b, mode="train")
-        mem = memory_breakdown(par, work)["total"]
+        work = Workload(req.model, req.seq_len, b, mode=req.mode)
+        mem = memory_breakdown(par, work, kv_cache=False)["total"]
         if mem > hw.mem_bytes:
             continue
-        ct = cluster_throughput(par, work, hw, req.gpus, overlap=req.overlap)
+        ct = cluster_throughput(par, work, hw, req.gpus, overlap=req.overlap, pricing=req.pricing)
         fits.append(
             Layout(
                 par,

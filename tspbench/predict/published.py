@@ -11,8 +11,8 @@ the row's hardware profile:
   2021, Eq. 3: 96·B·s·l·h²·(1 + s/6h + V/16lh) per iteration, i.e. the blocks' GEMM FLOPs ×4 (the full-recompute
   forward counted) + 6·V·h per token for the LM head);
 - peak memory from the closed-form `memory_breakdown`, not the fake-tensor estimate (minutes per row at these
-  shapes). FSDP rows (`fsdp: true`) take the memory of scheme fsdp_sp with Σ = degree = 1 and dp = gpus: every
-  parameter, gradient and optimizer state sharded over N = gpus ranks, one block unit gathered (plus the
+  shapes). FSDP rows (`fsdp: true`) take the memory of scheme fsdp_sp with Σ = degree = 1 and dp = dp_shard = gpus:
+  every parameter, gradient and optimizer state sharded over N = gpus ranks, one block unit gathered (plus the
   prefetched one and the last reduce-scatter input), the LM head gathered from its forward to its backward, each
   rank running its whole sequences. config.validate_parallel refuses fsdp_sp with degree 1 for runs (it is the
   single-device token layout); the closed form accepts it and that is all this uses. Their TIME stays single × dp
@@ -120,7 +120,7 @@ def published_flops_per_token(model: ModelConfig, seq_len: int, convention: str)
 def memory_parallel(row: Row, par: ParallelConfig) -> ParallelConfig:
     """The layout whose closed-form memory is the row's: FSDP rows are fsdp_sp with Σ = 1 over dp = gpus."""
     if row.layout.get("fsdp"):
-        return ParallelConfig(scheme="fsdp_sp", degree=1, dp=row.gpus, recompute=row.recompute)
+        return ParallelConfig(scheme="fsdp_sp", degree=1, dp=row.gpus, dp_shard=row.gpus, recompute=row.recompute)
     return par
 
 

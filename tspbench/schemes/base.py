@@ -1,12 +1,16 @@
 """The sharded model as one rank sees it (`ParallelModel`): its token layout, which gradients need summing
-over which group (bucketed all-reduce after backward), serving (KV cache, decode), and how every local tensor
-goes back to full shape for verification. How the rank's weights are built is schemes/ops/sharding.py.
+over which group (bucketed all-reduces posted during backward, docs/method.md#choice-overlap), serving (KV
+cache, decode), and how every local tensor goes back to full shape for verification. How the rank's weights are
+built is schemes/ops/sharding.py.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Protocol
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -16,9 +20,11 @@ from torch.distributed.tensor import DTensor
 from tspbench.config import GRAD_BUCKET_ELEMS
 from tspbench.model import CoreAttention, Transformer, token_loss_sum
 from tspbench.parallel import ParallelConfig
-from tspbench.schemes.comm import Comm, CommLog
+from tspbench.schemes.comm import Comm, CommLog, Pending
 from tspbench.schemes.ops.layout import SeqLayout
 from tspbench.schemes.ops.sharding import ApplyArgs, Shard
+
+T = TypeVar("T")
 
 
 class VocabHead(Protocol):
@@ -77,6 +83,16 @@ class ParallelModel(nn.Module):
                 group = args.sync_group(c) if c is not None else self.dp
                 if group is not None:
                     self.sync_groups[key] = (group, dp_size)
+        # The sync overlaps backward: a hook on each synced parameter marks its gradient complete, and a bucket is
+        # posted as soon as all of its gradients are (finish_grad_sync waits). Weak: the hooks keep no model alive.
+        self._plan: list[_Bucket] | None = None
+        self._plan_cap = 0
+        self._bucket_of: dict[int, _Bucket] = {}
+        self._next = 0  # the next bucket of the plan to post
+        me = weakref.ref(self)
+        for name, p in module.named_parameters():
+            if self._syncs(name):
+                p.register_post_accumulate_grad_hook(lambda p, me=me: _call(me, p))
         for i, block in enumerate(module.blocks):  # tag every collective with its layer
             block.register_forward_pre_hook(lambda m, a, i=i: setattr(self.log, "tag", f"layer{i}"))
             for m in block.modules():  # ... also when only the attention kernel is recomputed in backward
@@ -84,6 +100,18 @@ class ParallelModel(nn.Module):
                     m.rerun_context = functools.partial(self.log.scope, f"layer{i}")
         module.norm.register_forward_pre_hook(lambda m, a: setattr(self.log, "tag", "head"))
         module.embed.register_forward_pre_hook(lambda m, a: setattr(self.log, "tag", "embed"))
+        # backward's progress in the issue order (CommLog.events, what the gradient-sync overlap test reads): block i's
+        # backward starts when its output's gradient arrives; the embedding's output gradient ends layer 0's
+        for i, block in enumerate(module.blocks):
+            block.register_forward_hook(lambda m, a, out, i=i: self._mark_backward(out, f"backward:layer{i}"))
+        module.embed.register_forward_hook(lambda m, a, out: self._mark_backward(out, "backward:embed"))
+
+    def _mark_backward(self, out, label: str) -> None:
+        """A compute event in the CommLog when the gradient of `out` (a forward output) arrives in backward."""
+        in_backward = torch._C._current_graph_task_id() != -1  # a recompute's forward: not the step's
+        if self.log.enabled and isinstance(out, torch.Tensor) and out.requires_grad and not in_backward:
+            log = self.log
+            out.register_hook(lambda g: log.event("compute", label))
 
     # ---- inputs ------------------------------------------------------------------------------------
     def local_batch(self, tokens: torch.Tensor, targets: torch.Tensor):
@@ -165,31 +193,120 @@ class ParallelModel(nn.Module):
             return logits if self.vocab is None else self.vocab.full_decode(logits)
 
     # ---- gradients ---------------------------------------------------------------------------------
+    def _bucket_plan(self) -> list[_Bucket]:
+        """The gradient-sync buckets of this model (built at the first gradient of a step, for the current
+        `grad_bucket_elems`): the parameters that need a sync, in REVERSE parameter order (the order backward
+        produces their gradients, as DDP and Megatron's distributed optimizer assume), cut per sync group into
+        consecutive runs of at most `grad_bucket_elems` elements (a larger gradient is a bucket alone), and posted in
+        the order their last gradient is expected, the same on every rank."""
+        cap = self.grad_bucket_elems
+        if self._plan is not None and self._plan_cap == cap:
+            return self._plan
+        runs: dict[str | None, list[tuple[int, nn.Parameter]]] = {}
+        order = [(name, p) for name, p in self.named_local_params() if self._syncs(name)]
+        for pos, (name, p) in enumerate(reversed(order)):
+            runs.setdefault(self._sync_key(self.shards[name]), []).append((pos, p))
+        plan: list[tuple[int, _Bucket]] = []
+        for key, members in runs.items():
+            for chunk in _buckets(members, cap, lambda m: m[1].numel()):
+                plan.append((chunk[-1][0], _Bucket(key, [p for _, p in chunk])))  # posted at its last gradient
+        self._plan = [b for _, b in sorted(plan, key=lambda t: t[0])]
+        self._plan_cap = cap
+        self._bucket_of = {id(p): b for b in self._plan for p in b.params}
+        return self._plan
+
+    def _syncs(self, name: str) -> bool:
+        """The parameter's gradient is all-reduced by the gradient sync (FSDP2's reduce-scatters its own)."""
+        shard = self.shards[name]
+        return not shard.fsdp and self._sync_key(shard) in self.sync_groups
+
+    @staticmethod
+    def _sync_key(shard: Shard) -> str | None:
+        return shard.grad_sum.axis if shard.grad_sum is not None else None
+
+    def _grad_ready(self, p: nn.Parameter) -> None:
+        """Post-accumulate-grad hook: `p`'s gradient of this step is complete. When it completes its bucket, the
+        bucket is packed (`_pack`), and every packed bucket whose turn has come is posted (`_post_ready`)."""
+        self._bucket_plan()
+        b = self._bucket_of[id(p)]
+        if b.flat is not None or id(p) in b.arrived:
+            self._late_grad(p)
+            return
+        b.arrived.add(id(p))
+        if self._bucket_ready(b):
+            self._pack(b)
+        self._post_ready()
+
+    @staticmethod
+    def _bucket_ready(b: _Bucket) -> bool:
+        """Every gradient of the bucket has arrived (DDP's rule: a bucket is reduced only once it is complete)."""
+        return len(b.arrived) == len(b.params)
+
+    def _late_grad(self, p: nn.Parameter) -> None:
+        """A second gradient for a parameter whose bucket has already been packed this step: it would be lost."""
+        raise RuntimeError(
+            f"a gradient of {self._param_name(p)} arrived after its gradient-sync bucket was packed: a parameter "
+            "used twice in one step, or a backward without finish_grad_sync after the previous one"
+        )
+
+    def _param_name(self, p: nn.Parameter) -> str:
+        return next((n for n, q in self.named_local_params() if q is p), "a parameter")
+
+    @torch.no_grad()
+    def _pack(self, b: _Bucket) -> None:
+        """The bucket's gradients as one flat buffer: a lone gradient is its own buffer (reduced in place);
+        several are concatenated once and each parameter's .grad becomes a view of the buffer (Megatron's grad
+        buffer, DDP's gradient_as_bucket_view), so the reduced sums need no copy back and the separate gradients
+        are freed: the buffer is the gradients' memory, plus the one-bucket transient of the concatenation.
+        Parameters without a gradient this step (unused) are left out."""
+        params = [p for p in b.params if p.grad is not None]
+        if not params:
+            b.flat = torch.empty(0)
+            return
+        if len(params) == 1:
+            b.flat = params[0].grad
+            return
+        flat = torch.cat([p.grad.reshape(-1) for p in params])  # type: ignore[union-attr]
+        off = 0
+        for p in params:
+            p.grad = flat[off : off + p.numel()].view_as(p)
+            off += p.numel()
+        b.flat = flat
+
+    def _post_ready(self) -> None:
+        """Post, in plan order, every bucket packed so far whose predecessors are posted: the same issue order on
+        every rank of every group, whatever order backward finished the buckets in."""
+        plan = self._plan or []
+        while self._next < len(plan) and plan[self._next].flat is not None:
+            b = plan[self._next]
+            flat = b.flat
+            if flat is not None and flat.numel() > 0:
+                comm, _ = self.sync_groups[b.key]
+                label = f"grad_sync:bucket{self._next}"
+                b.pending = comm.start_all_reduce(flat, label, tag="grad_sync", phase="grad_sync")
+            self._next += 1
+
     def finish_grad_sync(self) -> None:
         """Sum partial gradients of weights shared by ranks that saw different tokens, and average over DP
-        replicas: one all-reduce per group (`sync_groups`), in flattened buckets of at most `grad_bucket_elems`
-        elements (few, large collectives; Megatron's DDP buckets are 40M)."""
-        buckets: dict[str | None, list[torch.Tensor]] = {}
-        for name, p in self.named_local_params():
-            shard = self.shards[name]
-            c = shard.grad_sum
-            key = c.axis if c is not None else None
-            if p.grad is not None and not shard.fsdp and key in self.sync_groups:
-                buckets.setdefault(key, []).append(p.grad)
-        for key, grads in buckets.items():
-            comm, divide = self.sync_groups[key]
-            for chunk in _buckets(grads, self.grad_bucket_elems):
-                # One flat buffer per bucket (fewer, larger messages); a lone gradient is reduced in place.
-                flat = chunk[0] if len(chunk) == 1 else torch.cat([g.reshape(-1) for g in chunk])
-                comm.all_reduce(flat, tag="grad_sync", phase="grad_sync")
-                if divide > 1:
-                    flat /= divide
-                if len(chunk) > 1:
-                    off = 0
-                    for g in chunk:
-                        g.copy_(flat[off : off + g.numel()].view_as(g))
-                        off += g.numel()
-                del flat
+        replicas: one all-reduce per bucket over its group (`sync_groups`: the in-group sum and the data-parallel
+        average together), buckets of at most `grad_bucket_elems` elements (few, large collectives; Megatron's DDP
+        buckets are 40M). Backward has already posted every bucket whose gradients all arrived (`_grad_ready`, a
+        post-accumulate-grad hook on each synced parameter: the all-reduces run behind the rest of the backward,
+        as DDP's and Megatron's --overlap-grad-reduce); this packs and posts what hooks could not (a bucket with a
+        parameter that got no gradient this step), then waits for every bucket in order and divides by dp."""
+        plan = self._bucket_plan()
+        for b in plan:
+            if b.flat is None:
+                self._pack(b)
+        self._post_ready()
+        for b in plan:
+            if b.pending is not None:
+                b.pending.wait()
+                _, divide = self.sync_groups[b.key]
+                if divide > 1 and b.flat is not None:
+                    b.flat.div_(divide)
+            b.reset()
+        self._next = 0
 
     def named_local_params(self):
         return self.module.named_parameters()
@@ -239,17 +356,43 @@ def local_tensor(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
 
-def _buckets(grads: list[torch.Tensor], cap: int) -> list[list[torch.Tensor]]:
-    """Consecutive groups of gradients of at most `cap` elements (a larger gradient is a group alone)."""
-    out: list[list[torch.Tensor]] = []
-    cur: list[torch.Tensor] = []
+def _call(me: weakref.ref[ParallelModel], p: nn.Parameter) -> None:
+    """The gradient hook's body: the model through its weak reference (gone: nothing to sync)."""
+    model = me()
+    if model is not None:
+        model._grad_ready(p)
+
+
+@dataclass(eq=False)
+class _Bucket:
+    """One gradient-sync bucket: parameters of one sync group, and this step's state."""
+
+    key: str | None
+    """Its sync group (ParallelModel.sync_groups)."""
+    params: list[nn.Parameter]
+    """In reverse parameter order."""
+    arrived: set[int] = field(default_factory=set)
+    """ids of the parameters whose gradient has been accumulated this step."""
+    flat: torch.Tensor | None = None
+    """The packed gradients (ParallelModel._pack), None until the bucket is complete."""
+    pending: Pending | None = None
+    """Its posted all-reduce."""
+
+    def reset(self) -> None:
+        self.arrived, self.flat, self.pending = set(), None, None
+
+
+def _buckets(items: list[T], cap: int, numel: Callable[[T], int]) -> list[list[T]]:
+    """Consecutive groups of items of at most `cap` elements in all (a larger item is a group alone)."""
+    out: list[list[T]] = []
+    cur: list[T] = []
     n = 0
-    for g in grads:
-        if cur and n + g.numel() > cap:
+    for g in items:
+        if cur and n + numel(g) > cap:
             out.append(cur)
             cur, n = [], 0
         cur.append(g)
-        n += g.numel()
+        n += numel(g)
     if cur:
         out.append(cur)
     return out

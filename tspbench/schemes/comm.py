@@ -228,6 +228,26 @@ class Comm:
         work = _reduce_scatter_tensor(out, x, group=self.group, async_op=True)
         return Pending([work], self.log, label, out)
 
+    def start_all_reduce(
+        self, x: torch.Tensor, label: str = "all_reduce", *, tag: str | None = None, phase: str | None = None
+    ) -> Pending:
+        """In place: the sum of contiguous `x` over the group (Megatron's dgrad all-reduce behind the wgrad GEMM; a
+        gradient-sync bucket, ParallelModel.finish_grad_sync, with tag and phase "grad_sync")."""
+        self.record("all_reduce", x, 2 * x.numel() * (self.size - 1) / self.size, phase, tag)
+        self.log.event("post", label)
+        work = dist.all_reduce(x, op=dist.ReduceOp.SUM, group=self.group, async_op=True)
+        return Pending([work], self.log, label, x)
+
+    def start_all_to_all(self, chunks: torch.Tensor, label: str = "all_to_all") -> Pending:
+        """`chunks` [p, …] contiguous: chunk j to rank j; the result's chunk r is the one rank r sent here (the
+        exchange of `all_to_all`, posted now; DeepSpeed-Ulysses' overlapped all-to-alls)."""
+        p = self.size
+        out = torch.empty_like(chunks)
+        self.record("all_to_all", chunks, chunks.numel() * (p - 1) / p)
+        self.log.event("post", label)
+        work = dist.all_to_all_single(out, chunks, group=self.group, async_op=True)
+        return Pending([work], self.log, label, out, keep=chunks)
+
 
 # ---- differentiable region mappings ---------------------------------------------------------------
 class _CopyToRegion(torch.autograd.Function):

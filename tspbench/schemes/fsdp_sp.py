@@ -1,26 +1,32 @@
-"""FSDP×SP — token sharding with fully sharded weights: torchtitan's recipe with context parallelism
+"""FSDP×SP — token sharding with fully sharded weights: torchtitan's recipe with context parallelism, as HSDP
 (docs/method.md#fsdp-sp).
 
 Tokens: exactly `sp` — rank p of the Σ-rank sequence group holds the zigzag shard {chunk p, chunk 2Σ−1−p}, and
 attention exchanges K/V over the group (all-gather of the packed [K; V], or the ring; SPAttention below is sp's
-module). Weights: parameters, gradients and optimizer state are sharded by PyTorch FSDP2 (`fully_shard`) over
-the flattened dp × Σ mesh of N = dp·Σ ranks, so every rank holds dim-0 row chunk r of every weight (1/N of it,
-a DTensor). Units: one per decoder block, one for the embedding, one for the final norm + LM head (the root
-owns nothing). Each block unit is all-gathered just before its forward (the next block's gather is prefetched),
-freed after it (reshard_after_forward=True), all-gathered again before its backward (the previous block's is
-prefetched) and its gradient reduce-scattered after it; the head unit, used again at once by backward, stays
-gathered (torchtitan's choice).
+module). Weights: parameters, gradients and optimizer state are sharded by PyTorch FSDP2 (`fully_shard`) over the
+shard group, dp_shard replicas × Σ flattened (torchtitan's dp_shard_cp), N = dp_shard·Σ ranks, so every rank holds
+dim-0 row chunk r of every weight (1/N of it, a DTensor); with dp_shard < dp the mesh is 2-D (replicate, shard) and
+FSDP2 runs HSDP: the shard groups are replicas of each other, dp / dp_shard of them (dp_shard = dp: plain FSDP over
+all dp·Σ ranks, a 1-D mesh). Units: one per decoder block, one for the embedding, one for the final norm + LM head
+(the root owns nothing). Each block unit is all-gathered just before its forward (the next block's gather is
+prefetched), freed after it (reshard_after_forward=True), all-gathered again before its backward (the previous
+block's is prefetched) and its gradient reduce-scattered after it; the head unit, used again at once by backward,
+stays gathered (torchtitan's choice).
 
 Gradient. Rank (d, σ)'s loss is its share of replica d's mean token loss (the Σ shares sum to it), so the right
-gradient is Σ over the sequence group, averaged over dp: FSDP's reduce-scatter sums over all N ranks and
-divides by `set_gradient_divide_factor(dp)` (its default, N, would be Σ× too small). FSDP reduces every
-gradient itself: the Shard entries say `fsdp=True` and ParallelModel.finish_grad_sync skips them.
+gradient is Σ over the sequence group, averaged over dp: FSDP's reduce-scatter sums over the N ranks of the shard
+group, HSDP's all-reduce (FSDP2's own, per unit, right after its reduce-scatter) sums the 1/N shards over the
+R = dp/dp_shard replicate group, and `set_gradient_divide_factor(dp)` divides (its default, dp·Σ, would be Σ× too
+small). FSDP reduces every gradient itself: the Shard entries say `fsdp=True` and ParallelModel.finish_grad_sync
+skips them.
 
-Communication per layer (W = the block's weights; N = dp·Σ; received per rank):
+Communication per layer (W = the block's weights + its 2 norms; N = dp_shard·Σ, R = dp/dp_shard; received per rank):
     forward   all-gather of W: W·(N−1)/N; K/V exchange as sp: 2·B·S·(h/g)·(Σ−1)/Σ
-    backward  all-gather of W again + reduce-scatter of dW: 2·W·(N−1)/N; dK/dV as sp
+    backward  all-gather of W again + reduce-scatter of dW: 2·W·(N−1)/N; dK/dV as sp;
+              HSDP's all-reduce of the unit's 1/N gradient shard over R: 2·(W/N)·(R−1)/R
 FSDP's collectives are recorded in the CommLog through its custom-collective hooks (`set_custom_all_gather`,
-`set_custom_reduce_scatter`), tagged with the unit's layer.
+`set_custom_reduce_scatter`; the all-reduce, which has none, from `set_all_reduce_hook`, run on its output), tagged
+with the unit's layer.
 """
 
 from __future__ import annotations
@@ -75,12 +81,31 @@ class LoggedReduceScatter(DefaultReduceScatter):
         return super().__call__(output_tensor, input_tensor, group, op, async_op)
 
 
+class LoggedAllReduce:
+    """HSDP: FSDP2 all-reduces each unit's reduce-scatter output over the replicate group itself (no custom-collective
+    hook); its all-reduce hook runs on the result, so the all-reduce is recorded there, under the unit's tag."""
+
+    def __init__(self, comm: Comm, tag: str):
+        self.comm, self.tag = comm, tag
+
+    def __call__(self, reduce_output: torch.Tensor) -> None:
+        n = self.comm.size
+        self.comm.record("all_reduce", reduce_output, 2 * reduce_output.numel() * (n - 1) / n, "bwd", self.tag)
+
+
 def fsdp_mesh(args: ApplyArgs) -> DeviceMesh:
-    """The 1-D mesh FSDP shards over: dp × sp flattened (torchtitan's dp_shard_cp), or sp when dp = 1."""
-    names = [a for a in ("dp", "sp") if args.comm(a) is not None]
-    if len(names) == 1:
-        return args.mesh[names[0]]
-    return args.mesh[tuple(names)]._flatten("+".join(names))
+    """The mesh FSDP shards over: the shard group dp_shard × sp flattened (torchtitan's dp_shard_cp; sp alone when
+    dp_shard = 1), 1-D; with replicas of it (dp_replicate > 1) the 2-D (replicate, shard) mesh of FSDP2's HSDP."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    names = [a for a in ("dp_shard", "sp") if args.comm(a) is not None]
+    shard = args.mesh[names[0]] if len(names) == 1 else args.mesh[tuple(names)]._flatten("+".join(names))
+    if args.comm("dp_replicate") is None:
+        return shard
+    with unset_fake_temporarily():  # the meshes' rank tables are real tensors, also under the estimate's fakes
+        if hasattr(DeviceMesh, "_concatenate"):  # torch ≥ 2.9: the two joined, no flattened dim sliced from the root
+            return DeviceMesh._concatenate([args.mesh["dp_replicate"], shard])
+        return args.mesh["dp_replicate", "+".join(names)]  # older torch: the flattened dim sliced from the root
 
 
 def apply(cfg: ModelConfig, par: ParallelConfig, args: ApplyArgs) -> ParallelModel:
@@ -91,8 +116,9 @@ def apply(cfg: ModelConfig, par: ParallelConfig, args: ApplyArgs) -> ParallelMod
         block.attention = SPAttention(replicated_weights(block.attention, ATTN_SPLIT), sp, layout, cfg, par.sp_variant)
     # full seeded values first (as every scheme: "build full, then shard"); fully_shard keeps row chunk r
     materialise_replicated(module, shards, args.seed, args.dtype, args.device, grad_sum=None)
-    flat = args.flat("dp", "sp")
-    assert flat is not None
+    shard = args.flat("dp_shard", "sp")  # the shard group: N = dp_shard·Σ ranks
+    assert shard is not None
+    replicate = args.comm("dp_replicate")  # HSDP's replicas of it (None: plain FSDP)
     mesh = fsdp_mesh(args)
     units: list[tuple[str, FSDPModule]] = []
     for i, block in enumerate(module.blocks):
@@ -104,14 +130,16 @@ def apply(cfg: ModelConfig, par: ParallelConfig, args: ApplyArgs) -> ParallelMod
     dp = args.comm("dp")
     dp_size = dp.size if dp is not None else 1
     for tag, unit in units:
-        unit.set_custom_all_gather(LoggedAllGather(flat, tag))
-        unit.set_custom_reduce_scatter(LoggedReduceScatter(flat, tag))
+        unit.set_custom_all_gather(LoggedAllGather(shard, tag))
+        unit.set_custom_reduce_scatter(LoggedReduceScatter(shard, tag))
+        if replicate is not None:
+            unit.set_all_reduce_hook(LoggedAllReduce(replicate, tag))
         unit.set_gradient_divide_factor(float(dp_size))  # sum over Σ (token shares), mean over dp
         unit.set_force_sum_reduction_for_comms(True)  # SUM then divide: gloo has no PREMUL_SUM
     blocks = [b for b in module.blocks]
     for prev, nxt in zip(blocks, blocks[1:]):  # explicit prefetch, one block ahead each way
         prev.set_modules_to_forward_prefetch([nxt])  # type: ignore[operator]
         nxt.set_modules_to_backward_prefetch([prev])  # type: ignore[operator]
-    for name in shards:  # every weight is FSDP's: row-sharded over dp × Σ, its gradient reduce-scattered by FSDP
-        shards[name] = Shard(name, 0, flat, fsdp=True)
+    for name in shards:  # every weight is FSDP's: row-sharded over the shard group, its gradient reduced by FSDP
+        shards[name] = Shard(name, 0, shard, fsdp=True)
     return ParallelModel(module, par, check_shards(module, shards), args, layout=layout, seq=sp)

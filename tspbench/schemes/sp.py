@@ -9,9 +9,10 @@ Maths. Attention of rank p: O_p = softmax(Q_p·K_{≤pos}ᵀ/√d)·V_{≤pos}, 
 and K, V of the whole sequence. Three ways to obtain K, V (docs/method.md#choice-sp-variant; `par.sp_variant`):
     allgather (default)  all-gather K and V along the sequence, un-zigzag, causal attention per local chunk
     ring                 Σ−1 peer-to-peer K/V hops with an online-softmax merge (ring_attention.py)
-    ulysses              DeepSpeed-Ulysses (ops/ulysses.py, docs/method.md#ulysses): all-to-all of packed
-                         [Q; K; V] from token shards to head shards, whole-sequence causal attention on n_h/Σ
-                         heads, all-to-all of the output back; needs n_h and n_kv divisible by Σ
+    ulysses              DeepSpeed-Ulysses (ops/ulysses.py, docs/method.md#ulysses): all-to-alls of Q, K and V
+                         from token shards to head shards, each behind the next projection (DeepSpeed's overlap),
+                         whole-sequence causal attention on n_h/Σ heads, all-to-all of the output back, fused with
+                         W_O; needs n_h and n_kv divisible by Σ
 
 Communication per layer (n = B·S·(h/g) elements = one full-sequence K or V):
     forward   allgather: 2 all-gathers (K, V), output n each     ring: Σ−1 send/recv hops of packed [K; V]
@@ -47,6 +48,7 @@ from tspbench.schemes.ops.sharding import (
     meta_model,
     replicated_weights,
 )
+from tspbench.schemes.ops.ulysses import ulysses_attention, ulysses_project_attend
 
 
 class SPAttention(nn.Module, Decodable, CoreAttention):
@@ -68,12 +70,18 @@ class SPAttention(nn.Module, Decodable, CoreAttention):
 
     def forward(self, x, positions):
         # x: [B, S/Σ, h] zigzag shard; positions: its global positions, so RoPE matches the reference
+        ulysses = self.variant == "ulysses" and not self.decoding
+        if ulysses and self.kv is None:  # DeepSpeed's overlap: each projection's exchange behind the next one
+            w = (self.wq, self.wk, self.wv, self.wo)
+            return ulysses_project_attend(x, w, positions, self.head_dim, self.theta, self.comm, self.layout, self.core)
         q, k, v = project_qkv(x, self.wq, self.wk, self.wv, positions, self.head_dim, self.theta)
         if self.decoding:  # one replicated token
             o = decode_attend(q, k, v, self.kv, self.comm, self.decode_state.position)
         else:
             if self.kv is not None:  # prefill: cache my tokens
                 self.kv.append(k, v)
+            if ulysses:
+                return ulysses_attention(q, k, v, self.wo, self.comm, self.layout, self.core)
             o = self.attend(q, k, v)  # [B, n_h, S/Σ, d]
         return F.linear(o.transpose(1, 2).flatten(2), self.wo)  # all heads local: no reduction
 

@@ -7,7 +7,8 @@ intermediate dim, down row-parallel: Y = Σ_t (silu(X·W_g^tᵀ) ⊙ X·W_u^tᵀ
 
 Communication per layer (B·S·h elements each):
     forward   f = identity, g = all-reduce   → 2 all-reduces (after attention, after MLP)
-    backward  f = all-reduce, g = identity   → 2 all-reduces
+    backward  f = all-reduce, g = identity   → 2 all-reduces (f is folded into the column-parallel Function of
+              ops/tensor_parallel.py, Megatron's default: the dgrad's all-reduce posted before the wgrad GEMMs)
     volume    4·B·S·h·(T−1)/T received per rank forward (docs/method.md#communication), the same backward.
 Tokens are replicated: every rank runs norms and residuals on the full sequence, so the (replicated) norm
 weights get identical gradients and need no reduction. Embedding and LM head are split by vocabulary

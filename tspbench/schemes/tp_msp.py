@@ -8,8 +8,11 @@ replacing TP's all-reduce with the same volume.
 
 Communication per layer (B·S·h elements each):
     forward   attention: all-gather in, reduce-scatter out; MLP: the same → 2 AG + 2 RS
-    backward  the duals: reduce-scatter for each all-gather, all-gather for each reduce-scatter
-    volume    4·B·S·h·(T−1)/T received per rank forward (docs/method.md#communication), the same backward.
+    backward  the duals: reduce-scatter for each all-gather, all-gather for each reduce-scatter, and the 2 inputs
+              re-gathered from the pieces each column-parallel Function saved (Megatron: the piece is kept, not the
+              gathered [S, h]; ops/tensor_parallel.py), the re-gather behind the dgrad GEMMs, the dgrad's
+              reduce-scatter behind the wgrad GEMMs
+    volume    4·B·S·h·(T−1)/T received per rank forward (docs/method.md#communication), 6·B·S·h·(T−1)/T backward.
 Embedding and LM head are split by vocabulary, as in Megatron (schemes/ops/vocab.py): the embedding takes the
 whole sequence's token ids and reduce-scatters its partial lookups into the sequence-sharded residual stream;
 the head all-gathers the final norm's output and produces [B, S, V/T] logits, so the cross-entropy (and the
@@ -25,7 +28,7 @@ import torch
 from tspbench.config import ModelConfig
 from tspbench.parallel import ParallelConfig
 from tspbench.schemes.base import ParallelModel
-from tspbench.schemes.comm import gather_from_sequence, reduce_scatter_to_sequence
+from tspbench.schemes.comm import reduce_scatter_to_sequence
 from tspbench.schemes.ops.layout import SeqLayout
 from tspbench.schemes.ops.sharding import (
     ATTN_SPLIT,
@@ -41,12 +44,13 @@ from tspbench.schemes.ops.vocab import shard_vocab
 
 
 class MSPAttention(TPAttention):
-    """TP attention whose entry gathers the sequence and whose exit reduce-scatters it."""
+    """TP attention whose column-parallel entry gathers the sequence and whose exit reduce-scatters it."""
 
-    def enter(self, x, positions):
+    sequence_parallel = True
+
+    def gemm_positions(self, x, positions):
         assert self.comm is not None  # tp_msp's tensor group always has T ≥ 2 ranks
-        x = gather_from_sequence(x, self.comm, dim=1)  # [B, S/T, h] → [B, S, h]
-        return x, torch.arange(x.shape[1], device=x.device)  # contiguous shards: logical order
+        return torch.arange(x.shape[1] * self.comm.size, device=x.device)  # contiguous pieces: logical order
 
     def exit(self, y):
         assert self.comm is not None

@@ -16,7 +16,8 @@ a head shard):
     forward   tp: msp 2 all-gathers (output a) + 2 reduce-scatters (input a)   4·a·(T−1)/T
                   msp=false: 2 all-reduces of a                                 the same
               sp: 1 all-gather of packed [K; V], output 2n — or Σ−1 ring hops   2·n·(Σ−1)/Σ
-    backward  tp: the duals (msp: reduce-scatter ↔ all-gather; else the f's all-reduces), the same volume
+    backward  tp: the duals (msp: reduce-scatter ↔ all-gather, + the 2 inputs re-gathered from the saved pieces as
+                  Megatron does, 6·a·(T−1)/T; else the f's all-reduces, the same volume; ops/tensor_parallel.py)
               sp: 1 reduce-scatter of [dK; dV] — or Σ−1 reverse hops
     volume    4·B·(S/Σ)·h·(T−1)/T + 2·B·S·(h/(g·T))·(Σ−1)/Σ per rank forward (docs/method.md#communication).
 Embedding and LM head are split by vocabulary over tp (schemes/ops/vocab.py; replicated when T = 1, as in sp):
@@ -38,7 +39,7 @@ from torch import nn
 from tspbench.config import ModelConfig
 from tspbench.parallel import ParallelConfig
 from tspbench.schemes.base import ParallelModel
-from tspbench.schemes.comm import Comm, gather_from_sequence, reduce_scatter_to_sequence
+from tspbench.schemes.comm import Comm, reduce_scatter_to_sequence
 from tspbench.schemes.ops.kv_exchange import attend_sequence
 from tspbench.schemes.ops.layout import SeqLayout, SplitLayout
 from tspbench.schemes.ops.sharding import (
@@ -53,6 +54,7 @@ from tspbench.schemes.ops.sharding import (
     shard_block_weights,
 )
 from tspbench.schemes.ops.tensor_parallel import TPMLP, SeqParallelMLP, TPAttention
+from tspbench.schemes.ops.ulysses import ulysses_attention
 from tspbench.schemes.ops.vocab import shard_vocab
 
 
@@ -77,6 +79,11 @@ class TPSPAttention(TPAttention):
         # q: [B, n_h/T, S/Σ, d]; k, v: [B, n_kv/T, S/Σ, d] → [B, n_h/T, S/Σ, d]
         return attend_sequence(q, k, v, self.sp, self.layout, self.variant, self.core)
 
+    def attend_project(self, q, k, v):
+        if self.variant == "ulysses" and self.sp is not None:  # its output exchange is fused with W_O
+            return ulysses_attention(q, k, v, self.wo, self.sp, self.layout, self.core)
+        return super().attend_project(q, k, v)
+
 
 class MSPSPAttention(TPSPAttention):
     """tp_sp with Megatron-SP on the tensor axis: the entry all-gathers the T pieces of shard σ (in local order)
@@ -89,9 +96,10 @@ class MSPSPAttention(TPSPAttention):
         super().__init__(w, tp, sp, layout, cfg, variant)
         self.tp = tp
 
-    def enter(self, x, positions):
-        x = gather_from_sequence(x, self.tp, dim=1)  # [B, S/(T·Σ), h] → [B, S/Σ, h]
-        return x, self.layout.positions  # shard σ's global positions (the caller's are its piece's, or the shard's)
+    sequence_parallel = True  # the column-parallel entry gathers [B, S/(T·Σ), h] → [B, S/Σ, h]
+
+    def gemm_positions(self, x, positions):
+        return self.layout.positions  # shard σ's global positions (the caller's are its piece's, or the shard's)
 
     def exit(self, y):
         return reduce_scatter_to_sequence(y, self.tp, dim=1)  # Σ over head shards, keep my piece

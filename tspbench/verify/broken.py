@@ -51,10 +51,14 @@ def skipped_ring_hop():
 
 @contextlib.contextmanager
 def missing_grad_sync():
-    """Partial gradients of token-sharded replicated weights never summed over the group."""
+    """Partial gradients of token-sharded replicated weights never summed over the group (neither the buckets that
+    backward's gradient hooks post nor finish_grad_sync)."""
     from tspbench.schemes.base import ParallelModel
 
-    with mock.patch.object(ParallelModel, "finish_grad_sync", lambda self: None):
+    with (
+        mock.patch.object(ParallelModel, "finish_grad_sync", lambda self: None),
+        mock.patch.object(ParallelModel, "_grad_ready", lambda self, p: None),
+    ):
         yield
 
 
@@ -218,9 +222,10 @@ def ulysses_wrong_dim():
     """Ulysses all-to-all on the wrong dimension: the received chunks are concatenated along the dimension after
     the gather dimension (the batch instead of the sequence) and reshaped to the expected shape: shapes stay
     right, tokens and heads are scrambled."""
-    from tspbench.schemes.comm import Comm
+    from tspbench.schemes.comm import Comm, Pending
 
     real = Comm.all_to_all
+    real_start = Comm.start_all_to_all
 
     def all_to_all(self, x, scatter_dim, gather_dim):
         out = real(self, x, scatter_dim, gather_dim + 1)
@@ -229,7 +234,17 @@ def ulysses_wrong_dim():
         shape[gather_dim] *= self.size
         return out.reshape(shape)
 
-    with mock.patch.object(Comm, "all_to_all", all_to_all):
+    def wrong_dim(out):  # [Σ (source), S/Σ, B, …]: the sources concatenated along B instead of the sequence
+        return out.copy_(out.movedim(0, 2).reshape(out.shape).clone())
+
+    def start_all_to_all(self, chunks, label="all_to_all"):  # ops/ulysses.py's exchanges
+        pending = real_start(self, chunks, label)
+        return Pending(pending.works, self.log, label, pending.result, finish=wrong_dim, keep=pending.keep)
+
+    with (
+        mock.patch.object(Comm, "all_to_all", all_to_all),
+        mock.patch.object(Comm, "start_all_to_all", start_all_to_all),
+    ):
         yield
 
 
@@ -267,6 +282,108 @@ def kv_bucket_wrong_heads():
         yield
 
 
+@contextlib.contextmanager
+def grad_bucket_posted_early():
+    """The overlapped gradient sync posts a bucket's all-reduce when its FIRST gradient has arrived instead of its
+    last (schemes/base.py ParallelModel._bucket_ready): the bucket packs only the gradients present, and those
+    accumulated later are never reduced (each rank keeps its own partial sum of them, not averaged over dp)."""
+    from tspbench.schemes.base import ParallelModel
+
+    with (
+        mock.patch.object(ParallelModel, "_bucket_ready", staticmethod(lambda b: len(b.arrived) >= 1)),
+        mock.patch.object(ParallelModel, "_late_grad", lambda self, p: None),
+    ):
+        yield
+
+
+@contextlib.contextmanager
+def hsdp_no_replicate_all_reduce():
+    """HSDP (fsdp_sp with dp_shard < dp) without its all-reduce over the replicate group: each shard group keeps the
+    reduce-scatter of its own replicas' gradients (divided by all dp) instead of the sum over every replica."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp._fully_shard import _fsdp_collectives
+
+    class NoAllReduce:
+        """torch.distributed as FSDP's reduction sees it, less the all-reduce."""
+
+        def __getattr__(self, name):
+            return getattr(dist, name)
+
+        @staticmethod
+        def all_reduce(tensor, *args, **kwargs):
+            return None
+
+    with mock.patch.object(_fsdp_collectives, "dist", NoAllReduce()):
+        yield
+
+
+@contextlib.contextmanager
+def tp_dgrad_not_reduced():
+    """Megatron's column-parallel backward (schemes/ops/tensor_parallel.py) posts no reduction of its dgrad: with
+    Megatron-SP each rank keeps its own piece of its partial input gradient instead of the reduce-scatter, without
+    it its partial gradient instead of the all-reduce (the head shards' contributions never summed)."""
+    from tspbench.schemes.comm import Pending
+    from tspbench.schemes.ops import tensor_parallel
+
+    def keep_own(dx, comm, sequence_parallel, label):
+        own = dx.chunk(comm.size, 0)[comm.rank].clone() if sequence_parallel else dx
+        return Pending([], comm.log, label, own)
+
+    with mock.patch.object(tensor_parallel, "_reduce_dgrad", keep_own):
+        yield
+
+
+@contextlib.contextmanager
+def biring_half_applied_twice():
+    """TSP mlp_exchange=biring: at every step the half of a shard that came clockwise is applied twice, once in the
+    place of the counter-clockwise half (whose channels are never applied): a receive-buffer mix-up between the two
+    directions. Shapes agree (even halves), so only the values are wrong."""
+    from tspbench.schemes import tsp
+
+    real = tsp.rings_forward
+
+    def rings_forward(comm, owns, step, bufs=None, label="ring", directions=(tsp.CW,)):
+        held: dict[str, torch.Tensor] = {}
+
+        def mixed(owner, piece, buf):
+            if piece == 0:
+                held["cw"] = buf
+            step(owner, piece, held["cw"])  # the clockwise half, again for the counter-clockwise one
+
+        return real(comm, owns, mixed, bufs, label, directions)
+
+    with mock.patch.object(tsp, "rings_forward", rings_forward):
+        yield
+
+
+@contextlib.contextmanager
+def mlp_broadcast_skipped():
+    """TSP mlp_exchange=broadcast: the MLP shards' broadcasts never issued, so every rank applies its own shard in
+    each owner's place (in forward and again in backward), as skipped_ring_hop does to the ring."""
+    from tspbench.schemes.comm import Pending
+    from tspbench.schemes.ops import ring
+
+    real = ring._broadcast_shard
+
+    def broadcast_shard(comm, own, pool, owner, label):
+        if label.startswith("mlp:"):
+            return Pending([], comm.log, label, own)
+        return real(comm, own, pool, owner, label)
+
+    with mock.patch.object(ring, "_broadcast_shard", broadcast_shard):
+        yield
+
+
+@contextlib.contextmanager
+def kept_kv_wrong_owner():
+    """TSP regather_kv=false: backward takes the K/V kept for the next owner instead of this owner's (an off-by-one
+    in the kept list), so each owner's attention backward runs against another owner's heads. Forward is exact."""
+    from tspbench.schemes.ops import owner_attention
+
+    with mock.patch.object(owner_attention, "_kept_kv", lambda saved, owner: saved[(owner + 1) % len(saved)][6]):
+        yield
+
+
 BREAKAGES = {
     "missing_allreduce": missing_allreduce,
     "wrong_zigzag_order": wrong_zigzag_order,
@@ -285,4 +402,10 @@ BREAKAGES = {
     "ulysses_wrong_dim": ulysses_wrong_dim,
     "ring_dkv_not_returned": ring_dkv_not_returned,
     "kv_bucket_wrong_heads": kv_bucket_wrong_heads,
+    "grad_bucket_posted_early": grad_bucket_posted_early,
+    "hsdp_no_replicate_all_reduce": hsdp_no_replicate_all_reduce,
+    "tp_dgrad_not_reduced": tp_dgrad_not_reduced,
+    "biring_half_applied_twice": biring_half_applied_twice,
+    "mlp_broadcast_skipped": mlp_broadcast_skipped,
+    "kept_kv_wrong_owner": kept_kv_wrong_owner,
 }

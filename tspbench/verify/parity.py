@@ -106,7 +106,8 @@ def sharded_step(
             if name == "grad_sync":  # layer 0's and the edges' collectives of one forward + backward
                 seen["comm"] = log.summary("layer0")
                 seen["ops"] = [(r.op, r.phase, r.numel, r.recv_numel) for r in log.records if r.tag == "layer0"]
-                seen["edges"] = {tag: log.summary(tag) for tag in ("embed", "head")}
+                # + the gradient-sync buckets backward has posted so far (all of them: finish_grad_sync only waits)
+                seen["edges"] = {tag: log.summary(tag) for tag in ("embed", "head", "grad_sync")}
 
         def on_forward(loss: torch.Tensor, logits: torch.Tensor) -> None:
             seen["loss"], seen["logits"] = loss.detach(), logits.detach()

@@ -3,14 +3,16 @@ TSP's ring buffers and the KV cache hold (docs/method.md#memory). The step's pha
 
 Nothing here is fitted to the paper. Every term is read off tspbench's own code and checked against the fake-tensor
 estimate (tspbench/predict/estimate.py, which runs the scheme code itself on the target shapes; see memory.py for
-how closely they agree). Per layer without recompute a rank saves (per token of its residual stream / GEMM input,
-b = dtype bytes): two RMSNorms at 4h + b·h bytes (fp32 input copy + normalised tensor), the attention input h·b,
-Q h/T·b, K and V 2h/(gT)·b (full-sequence copies after a K/V all-gather; Ulysses' head shards are the local size,
+how closely they agree). Per layer without recompute a rank saves (per token of its residual stream / GEMM input, b
+= dtype bytes): two RMSNorms at 4h + b·h bytes (fp32 input copy + normalised tensor), the attention input h·b (under
+Megatron-SP the rank's piece: Megatron's column-parallel linear re-gathers it in backward), Q h/T·b, K and V
+2h/(gT)·b (full-sequence copies after a K/V all-gather; Ulysses' head shards are the local size,
 docs/method.md#ulysses), the output h/T·b (twice on the zigzag path), fp32 log-sum-exp and RoPE tables, the MLP
-input h·b and gate, up, product 3·ffn/T·b (model.silu_mul keeps gate and up only, as Megatron's fused SwiGLU); TSP
-checkpoints its owner steps and its MLP ring, so it keeps only the two norms, the attention and MLP inputs and the
-packed attention shard. Full recompute keeps each block's input (h·b per residual token) and rebuilds one block in
-backward. Korthikanti et al.'s 34·s·b·h (GeLU MLP, dropout, no fp32 norm copies) does not describe this code.
+input h·b (a piece, as the attention's) and gate, up, product 3·ffn/T·b (model.silu_mul keeps gate and up only, as
+Megatron's fused SwiGLU); TSP checkpoints its owner steps and its MLP ring, so it keeps only the two norms, the
+attention and MLP inputs and the packed attention shard. Full recompute keeps each block's input (h·b per residual
+token) and rebuilds one block in backward. Korthikanti et al.'s 34·s·b·h (GeLU MLP, dropout, no fp32 norm copies)
+does not describe this code.
 """
 
 from __future__ import annotations
@@ -45,9 +47,11 @@ class Geometry:
     chunked: bool
     """W_O saves a flattened copy of the kernel output (attend_shard's cat; Ulysses' all-to-all back)."""
     gathered_inputs: bool
-    """The GEMM inputs are all-gather outputs (Megatron-SP): communication buffers. At B > 1 the all-gather hands
-    back a [B, S, h] view of a contiguous [S, B, h] buffer and the projections multiply it in that order
-    (model.linear), so no GEMM copies or saves a copy of its input."""
+    """The GEMM inputs are all-gathered (Megatron-SP): in forward, and again in backward from the piece each
+    column-parallel linear saves (schemes/ops/tensor_parallel.py, Megatron's
+    LinearWithGradAccumulationAndAsyncCommunication); the gathered buffers are communication buffers and none is
+    saved. At B > 1 the all-gather hands back a [B, S, h] view of a contiguous [S, B, h] buffer and the projections
+    multiply it in that order (model.linear), so no GEMM copies its input."""
     batch: int = 1
     """Micro-batch B."""
 
@@ -87,7 +91,8 @@ def norm_saved_per_token(model: ModelConfig, b: int) -> float:
 def attention_saved_bytes(par: ParallelConfig, work: Workload) -> float:
     """Attention sub-block, bytes saved for backward per layer (attention norm excluded).
 
-    Non-TSP schemes: the projections' input (h), Q after RoPE (h/T), K after RoPE and V (2h/(gT) per token,
+    Non-TSP schemes: the projections' input (h; under Megatron-SP the rank's n_res-token piece, re-gathered in
+    backward, `gemm_input_tokens`), Q after RoPE (h/T), K after RoPE and V (2h/(gT) per token,
     on the full sequence when exchanged, since the un-zigzagged all-gather is what SDPA saves), the output
     (h/T; twice for attend_shard, whose cat + flatten makes the copy W_O saves), the fp32 log-sum-exp (n_h/T)
     and the RoPE cos/sin tables (d per position). recompute=selective re-runs the core attention in backward (for
@@ -101,14 +106,15 @@ def attention_saved_bytes(par: ParallelConfig, work: Workload) -> float:
     model, geo, b, h = work.model, geometry(par, work), work.elem_bytes, work.model.dim
     if par.scheme == "tsp":
         na, kv_d = geo.n_gemm, par.degree * kv_heads_per_rank(model, par.degree) * model.head_dim  # all owners
-        return na * (3 * h + 2 * kv_d) * b + na * model.n_heads * 4 + na / geo.batch * model.head_dim * b
+        kept = 0.0 if par.regather_kv else 2 * geo.kv_tokens * kv_d * b  # regather_kv=False: the gathered K/V too
+        return na * (3 * h + 2 * kv_d) * b + na * model.n_heads * 4 + na / geo.batch * model.head_dim * b + kept
     na, t = geo.n_gemm, geo.t
     kv_d = model.head_dim * kv_heads_per_rank(model, t)  # h/(g·T); d when a KV head is replicated (T > n_kv)
     selective = par.recompute == "selective"
     kv_tok = na if selective else (geo.kv_tokens or na)  # selective: the exchanged K/V are rebuilt in backward
     out_copies = 2 if geo.chunked and not selective else 1
     return (
-        na * h * b
+        gemm_input_tokens(geo) * h * b
         + na * h / t * b
         + 2 * kv_tok * kv_d * b
         + na * h / t * b * out_copies
@@ -117,13 +123,21 @@ def attention_saved_bytes(par: ParallelConfig, work: Workload) -> float:
     )  # cos/sin: per position, not per sequence
 
 
+def gemm_input_tokens(geo: Geometry) -> float:
+    """Tokens of the attention / MLP input a layer saves for its column-parallel GEMMs' backward: the GEMM tokens,
+    or under Megatron-SP the rank's piece of them (the residual stream's; the gathered input is rebuilt in
+    backward, as Megatron does)."""
+    return geo.n_res if geo.gathered_inputs else geo.n_gemm
+
+
 def mlp_saved_bytes(par: ParallelConfig, work: Workload) -> float:
-    """MLP sub-block: its input (h) and gate, up, product (3·ffn/T) per token (silu is recomputed); TSP's ring
-    keeps its input and each shard's gate and up (2·ffn in all: the product is rebuilt elementwise in backward)."""
+    """MLP sub-block: its input (h; Megatron-SP: the piece, `gemm_input_tokens`) and gate, up, product (3·ffn/T) per
+    token (silu is recomputed); TSP's ring keeps its input and each shard's gate and up (2·ffn in all: the product
+    is rebuilt elementwise in backward)."""
     model, geo, b, h = work.model, geometry(par, work), work.elem_bytes, work.model.dim
     if par.scheme == "tsp":
         return geo.n_gemm * (h + 2 * model.ffn_hidden) * b
-    return geo.n_gemm * h * b + 3 * geo.n_gemm * model.ffn_hidden / geo.t * b
+    return gemm_input_tokens(geo) * h * b + 3 * geo.n_gemm * model.ffn_hidden / geo.t * b
 
 
 def layer_activation_bytes(par: ParallelConfig, work: Workload) -> float:
@@ -142,12 +156,6 @@ def stored_per_layer(par: ParallelConfig, work: Workload) -> float:
     if par.recompute == "full":
         return geometry(par, work).n_res * work.model.dim * work.elem_bytes
     return layer_activation_bytes(par, work)
-
-
-def gathered_saved_bytes(par: ParallelConfig, work: Workload) -> float:
-    """Megatron-SP: the all-gathered attention and MLP inputs among a layer's saved tensors (comm buffers)."""
-    geo = geometry(par, work)
-    return 2 * geo.n_gemm * work.model.dim * work.elem_bytes if geo.gathered_inputs else 0.0
 
 
 def layer_backward_working_set(par: ParallelConfig, work: Workload) -> dict[str, float]:
@@ -172,8 +180,14 @@ def layer_backward_working_set(par: ParallelConfig, work: Workload) -> dict[str,
           gradients exist by then (recompute=selective: + what the replayed core holds, the re-gathered K/V, the
           chunk outputs and log-sum-exp). It outgrows the MLP moment when the whole-sequence dK/dV do (long
           sequences over many token shards); it is not a moment for the ring (its own Function) or Ulysses.
-    Returns the moments' extra bytes ("mlp", "norm", and "attn" where it applies), the saved part alive at each
-    ("mlp_saved", "norm_saved", "attn_saved") and their communication-buffer parts.
+    col   (tp, tp_msp, tp_sp with T > 1) the end of the gate/up column-parallel backward (Megatron's
+          LinearWithGradAccumulationAndAsyncCommunication, schemes/ops/tensor_parallel.py), with the layer's saved
+          tensors alive but the MLP's own (gate, up, product) freed: d(gate), d(up) (2·ffn/T), the input gradient
+          on the GEMM tokens in its reduction, + under Megatron-SP the re-gathered input and the reduce-scatter's
+          output (communication buffers), + the residual-stream gradient; W_down's gradient exists, gate's and
+          up's are just computed (memory._layer_moment). Under Megatron-SP at long sequences it is the largest.
+    Returns the moments' extra bytes ("mlp", "norm", and "attn", "col" where they apply), the saved part alive at
+    each ("mlp_saved", "norm_saved", …) and their communication-buffer parts.
     """
     model, geo, b = work.model, geometry(par, work), work.elem_bytes
     h, ffn = model.dim, model.ffn_hidden
@@ -210,6 +224,12 @@ def layer_backward_working_set(par: ParallelConfig, work: Workload) -> dict[str,
         if par.recompute == "selective":  # the replayed core: the re-gathered K/V, the chunk outputs, the lse
             out["attn_saved"] += 2 * geo.kv_tokens * kv_d * b + wo_in + geo.n_gemm * model.n_heads / geo.t * 4
         out["attn_comm"] = 0.0
+    if geo.t > 1 and par.scheme != "tsp":  # the column-parallel entry's backward (its own Function)
+        ffn_a, d_x = geo.n_gemm * ffn / geo.t * b, geo.n_gemm * h * b
+        col_comm = d_x + (d_x + geo.n_res * h * b if geo.gathered_inputs else 0.0)  # (re-gather,) dx, (its RS)
+        out["col"] = 2 * ffn_a + col_comm + res_grad
+        out["col_saved"] = layer - 3 * ffn_a
+        out["col_comm"] = col_comm
     return out
 
 
@@ -231,13 +251,17 @@ def head_saved_bytes(par: ParallelConfig, work: Workload) -> float:
 
 
 def ring_buffer_bytes(par: ParallelConfig, work: Workload) -> float:
-    """TSP's persistent receive buffers (schemes/ops/ring.py RingBuffers, shared by every layer): two for the
-    attention shard being broadcast ((2 + 2/g)·h²/D) and two for the MLP shard on the ring (3·ffn·h/D),
-    allocated in the first forward and alive from then on. The gradient buffers of the same sizes appear in the
-    first backward (counted in its working set). 0 for other schemes."""
+    """TSP's persistent receive buffers (schemes/ops/ring.py RingBuffers, shared by every layer): three for the
+    attention shard being broadcast ((2 + 2/g)·h²/D: owner r's, whose W_O is still to be applied, r+1's, projected
+    before r's attention by the pipelined owner loop, and r+2's in flight) and two for the MLP shard (3·ffn·h/D; on
+    the ring, two halves per direction round the bidirectional ring, or broadcast: the same bytes), allocated in the
+    first forward and alive from then on. The gradient buffers of the same sizes appear in the first backward
+    (counted in its working set). 0 for other schemes."""
     if par.scheme != "tsp":
         return 0.0
-    return 2 * layer_weight_params_per_rank(work.model, par) * work.elem_bytes  # one owner's attention + MLP shard
+    mlp = 3 * work.model.ffn_hidden * work.model.dim / par.degree
+    attn = layer_weight_params_per_rank(work.model, par) - mlp  # one owner's attention shard
+    return (3 * attn + 2 * mlp) * work.elem_bytes
 
 
 def kv_cache_bytes(par: ParallelConfig, work: Workload) -> float:

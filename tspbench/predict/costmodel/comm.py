@@ -35,25 +35,32 @@ def comm_per_layer(par: ParallelConfig, work: Workload, *, regather_kv: bool | N
         sp          kv          2·N·(h/g)·(Σ−1)/Σ      (all-gather of K and V)
         tp_sp       activations 4·(N/Σ)·h·(T−1)/T  +  kv 2·N·(h/(g·T))·(Σ−1)/Σ   (Megatron-SP's all-gather +
                     reduce-scatter pairs over T, or with msp=false 2 all-reduces: the same volume)
-        sp ulysses  heads       (N/Σ)·(2h + 2h/g)·(Σ−1)/Σ  (all-to-all of [Q; K; V] in, of O out; #ulysses;
+        sp ulysses  heads       (N/Σ)·(2h + 2h/g)·(Σ−1)/Σ  (all-to-alls of Q, K, V in, of O out; #ulysses;
                     fsdp_sp ulysses the same)
                     (tp_sp ulysses: the same on the n/T local heads, ÷ T, beside the T axis's activations)
         tsp         weights     W·(D−1)/D              (attention broadcasts + MLP ring)
                     kv          2·N·(h/g)·(D−1)/D
-        fsdp_sp     weights     (W + 2h)·(n−1)/n       (FSDP all-gather of the block unit over n = dp·Σ)
+        fsdp_sp     weights     (W + 2h)·(n−1)/n       (FSDP all-gather of the block unit over its shard group,
+                                                       n = dp_shard·Σ)
                     kv          as sp
     With T (or D) > n_kv each rank holds one KV head replicated over T/n_kv ranks: h/(g·T) becomes d (tp_sp),
     and tsp's D owner shards carry D KV heads (weights and kv grow by the replicas; docs/method.md#choice-gqa).
-    Backward, no recompute: TP repeats its all-reduces; SP/TP×SP reduce-scatter dK/dV (= kv); TSP re-sends
-    the weights (W) and reduces the weight gradients to their owners (W) and reduce-scatters dK/dV (K); Ulysses
-    runs the inverse all-to-alls of the gradients (= heads, and selective recompute replays none of them), so
-    TSP is 3W + 2K forward + backward. `regather_kv=True` adds one K/V all-gather to the backward of
-    sp/tp_sp/tsp (default None: what the code does, True for tsp; the 3W + 2K of docs/method.md#communication
-    keeps K/V instead). fsdp_sp's backward all-gathers the unit again and reduce-scatters its gradient:
-    2·(W + 2h)·(n−1)/n; its recompute (full, or selective's K/V exchange) replays the K/V exchange only (the unit
-    is gathered once for backward). Full recompute adds one more forward. `grad_sync` is per step, not per layer:
-    the all-reduce over the group of gradients that ranks holding different tokens compute for the same weights
-    (ring all-reduce: 2·n·(p−1)/p received).
+    Backward, no recompute: TP repeats its all-reduces; Megatron-SP (tp_msp, tp_sp) its all-gather /
+    reduce-scatter duals and re-gathers the two column-parallel inputs from the saved pieces (Megatron's
+    LinearWithGradAccumulationAndAsyncCommunication): 6·(N/Σ)·h·(T−1)/T; SP/TP×SP reduce-scatter dK/dV (= kv);
+    TSP re-sends the weights (W) and reduces the weight gradients to their owners (W) and reduce-scatters dK/dV
+    (K); Ulysses runs the inverse all-to-alls of the gradients (= heads, and selective recompute replays none of
+    them), so TSP is 3W + 2K forward + backward. `regather_kv=True` adds one K/V all-gather to the backward of
+    sp/tp_sp/tsp (default None: what the code does, params.regathers_kv: for tsp the layout's regather_kv, true
+    unless the layout keeps the K/V, whose 3W + 2K is docs/method.md#communication's). TSP's MLP moves the same
+    volume whichever its `mlp_exchange` (ring hops, half-shard hops both ways, or broadcasts + reduces to owners;
+    collectives.tsp_collectives has them op by op). fsdp_sp's backward all-gathers the unit again and
+    reduce-scatters its gradient:
+    2·(W + 2h)·(n−1)/n, and with HSDP (R = dp/dp_shard > 1 replicas of the shard group) all-reduces the 1/n gradient
+    shard over the replicas: + 2·(W + 2h)/n·(R−1)/R (`fsdp_replicate_recv`); its recompute (full, or selective's K/V
+    exchange) replays the K/V exchange only (the unit is gathered once for backward). Full recompute adds one more
+    forward. `grad_sync` is per step, not per layer: the all-reduce over the group of gradients that ranks holding
+    different tokens compute for the same weights (ring all-reduce: 2·n·(p−1)/p received).
     """
     model, mode = work.model, work.mode
     if mode not in ("train", "forward"):
@@ -64,8 +71,12 @@ def comm_per_layer(par: ParallelConfig, work: Workload, *, regather_kv: bool | N
     bwd = dict.fromkeys(fwd, 0.0)
     if mode == "train":
         bwd["activations"] = fwd["activations"]  # TP: all-reduces (or AG/RS) mirrored
+        if par.megatron_sp:  # + the column-parallel inputs re-gathered from the saved pieces (Megatron)
+            bwd["activations"] += fwd["activations"] / 2
         bwd["kv"] = fwd["kv"] * (2 if regather_kv else 1)  # dK/dV reduce-scatter (+ re-gather)
         bwd["weights"] = 2 * fwd["weights"]  # TSP: weight re-send + weight-grad reduce
+        if par.spec.fsdp:  # fsdp_sp: the unit again + its reduce-scatter (the 2 above); HSDP: + the all-reduce
+            bwd["weights"] += fsdp_replicate_recv(par, layer_weight_params(model) + 2 * model.dim)
         bwd["heads"] = fwd["heads"]  # Ulysses: the inverse all-to-alls of dO and d[Q; K; V]
         if par.recompute == "full" and par.spec.fsdp:
             bwd["kv"] += fwd["kv"]  # the unit is already gathered for backward: only the exchange replays
@@ -117,9 +128,10 @@ def comm_embed_head(par: ParallelConfig, work: Workload) -> dict[str, dict[str, 
         tp_msp      embed  fwd reduce-scatter of [N, h] into the sequence shards  N·h·(T−1)/T; bwd all-gather, the same
                     head   fwd all-gather of the final norm's output N·h·(T−1)/T + 6·N·(T−1)/T;
                            bwd reduce-scatter of its gradient                         N·h·(T−1)/T
-        fsdp_sp     FSDP units over n = dp·Σ: embed fwd all-gather V·h·(n−1)/n, bwd all-gather + reduce-scatter
+        fsdp_sp     FSDP units over n = dp_shard·Σ: embed fwd all-gather V·h·(n−1)/n, bwd all-gather + reduce-scatter
                     2·V·h·(n−1)/n; head (final norm + LM head, kept gathered after forward, torchtitan's choice)
-                    fwd (V·h + h)·(n−1)/n, bwd its reduce-scatter, the same
+                    fwd (V·h + h)·(n−1)/n, bwd its reduce-scatter, the same; HSDP adds to each backward the all-reduce
+                    of the unit's 1/n gradient shard over the R = dp/dp_shard replicas (`fsdp_replicate_recv`)
         tp_sp (msp) the tp_msp terms on shard σ's n = N/Σ tokens (msp=false: the tp terms)
     """
     model, mode = work.model, work.mode
@@ -130,9 +142,11 @@ def comm_embed_head(par: ParallelConfig, work: Workload) -> dict[str, dict[str, 
         nf = fsdp_shards(par)
         emb, head = model.vocab_size * h * (nf - 1) / nf, (model.vocab_size * h + h) * (nf - 1) / nf
         train = mode == "train"
+        emb_ar = fsdp_replicate_recv(par, model.vocab_size * h)
+        head_ar = fsdp_replicate_recv(par, model.vocab_size * h + h)
         return {
-            "embed": {"fwd": emb, "bwd": 2 * emb if train else 0.0},
-            "head": {"fwd": head, "bwd": head if train else 0.0},
+            "embed": {"fwd": emb, "bwd": 2 * emb + emb_ar if train else 0.0},
+            "head": {"fwd": head, "bwd": head + head_ar if train else 0.0},
         }
     if t <= 1:
         return out
@@ -157,6 +171,14 @@ def comm_embed_head(par: ParallelConfig, work: Workload) -> dict[str, dict[str, 
     return out
 
 
+def fsdp_replicate_recv(par: ParallelConfig, unit: float) -> float:
+    """Elements one rank receives in HSDP's all-reduce of a unit's gradient shard (unit/n elements, n = dp_shard·Σ)
+    over the R = dp/dp_shard replicas of its shard group: 2·(unit/n)·(R−1)/R; 0 for plain FSDP (R = 1) and for every
+    scheme without FSDP (docs/method.md#fsdp-sp)."""
+    r = par.dp // par.dp_shard if par.spec.fsdp else 1
+    return 2 * unit / fsdp_shards(par) * (r - 1) / r if r > 1 else 0.0
+
+
 def comm_decode_per_layer(model: ModelConfig, par: ParallelConfig, batch: int) -> float:
     """Elements received per device per layer in one decode step (tspbench/schemes/ops/decode.py): B new tokens,
     replicated on the group; the KV cache never moves.
@@ -165,7 +187,7 @@ def comm_decode_per_layer(model: ModelConfig, par: ParallelConfig, batch: int) -
                         denominator packed [B, n_h, d + 1]                         2·B·n_h·(d + 2)·(Σ−1)/Σ
         tp_sp           the two, the merge on the n_h/T local heads
         fsdp_sp         sp's merge, and FSDP all-gathers the block unit for every step's forward (resharded
-                        after it)                                                  + (W + 2h)·(n−1)/n, n = dp·Σ
+                        after it)                                            + (W + 2h)·(n−1)/n, n = dp_shard·Σ
         tsp (D)         all-gather q, k, v over heads (B·(n_h + 2·n_kv)·d), the merge: max all-reduced
                         (2·B·n_h), numerator‖denominator reduce-scattered over heads (B·n_h·(d + 1)),
                         and 2 all-reduces of [B, h]:                               B·(6h + 2h/g + 3·n_h)·(D−1)/D
@@ -196,7 +218,8 @@ def grad_sync_groups(model: ModelConfig, par: ParallelConfig, layers: int | None
     here, FSDP reduce-scatters every gradient per unit, counted in comm_per_layer and comm_embed_head):
     sp all-reduces every gradient over Σ; tp_sp the T-sharded weights, vocabulary slices and norms over Σ (with
     Megatron-SP the norms, and a replicated embedding / head, see rank (σ, t)'s own tokens: summed over the
-    T·Σ ranks in a second group); tsp the replicated norm/embedding/LM-head weights over D; tp_msp the norm
+    T·Σ ranks in a second group); tsp the replicated norm/embedding/LM-head weights over D (vocab=ring: the norms;
+    the embedding and head shards' gradients travel the ring); tp_msp the norm
     weights over T (norms run on each rank's S/T tokens; the vocabulary-parallel embedding and head see every
     token). tp and single need none. A KV head replicated over T/n_kv ranks is summed in a group of its own
     (`kv_grad_sync_group`), not here.
@@ -215,7 +238,9 @@ def grad_sync_groups(model: ModelConfig, par: ParallelConfig, layers: int | None
     if par.exchange:  # sp, and tp_sp without Megatron-SP: every rank of a token shard holds whole norms
         block = layer_weight_params_per_rank(model, par) - kv_grad_sync_group(model, par, 1)[0]
         return [(n_layers * block + replicated_params(model, layers, par), lay.sp)]
-    if par.scheme == "tsp":
+    if par.scheme == "tsp":  # vocab=ring: the embedding and head shards travel the weight ring, only norms are synced
+        if par.vocab == "ring":
+            return [((2 * n_layers + (1 if layers is None else 0)) * model.dim, par.degree)]
         return [(replicated_params(model, layers), par.degree)]
     if par.megatron_sp:  # tp_msp: the norms run on each rank's own S/T tokens (a vocabulary-parallel embedding and
         # head see all of them; replicated ones see the rank's S/T tokens too)

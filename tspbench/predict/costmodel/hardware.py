@@ -1,5 +1,8 @@
 """Hardware profiles: one accelerator and its node, read from conf/hardware/<name>.yaml (every number with
-its source in the yaml; efficiencies and latencies are stated assumptions, not fits)."""
+its source in the yaml; the link and NIC efficiencies are published measurements, latencies and the matmul and
+comm_efficiency figures stated assumptions, none of them fits). `HardwareProfile.group_link` is the link rule of
+docs/method.md#collective-cost: what a collective's group of GPUs gets on a switch, a fully connected mesh, or
+across nodes."""
 
 from __future__ import annotations
 
@@ -12,6 +15,8 @@ from tspbench.paths import conf_dir
 from tspbench.predict.costmodel.workload import BYTES
 
 CONF_DIR = conf_dir() / "hardware"
+TOPOLOGIES = ("switch", "mesh")
+"""Intra-node fabrics `HardwareProfile.topology` names (docs/method.md#collective-cost)."""
 
 
 @dataclass
@@ -43,6 +48,23 @@ class HardwareProfile:
     intra_node_p2p_bw: float | None = None
     """Bandwidth of one point-to-point transfer between two GPUs of a node; None = intra_node_bw (switched
     fabrics such as NVSwitch). On a fully connected mesh (MI300X) a single peer link carries it."""
+    topology: str = "switch"
+    """The intra-node fabric (docs/method.md#collective-cost): switch (NVSwitch: every GPU's links all reach the
+    switches, so a group of any size, and a single peer, gets the GPU's whole link bandwidth) or mesh (fully
+    connected, one link per peer, as MI300X's xGMI: a p-GPU group reaches its p − 1 peers over p − 1 links, a
+    point-to-point transfer over one)."""
+    links_per_gpu: int = 18
+    """Intra-node links per GPU: NVLinks into the switches (switch), links to the peers, one each (mesh)."""
+    link_bw: float = 25e9
+    """One link's line rate per direction, bytes/s."""
+    link_efficiency: float = 0.65
+    """Fraction of the links' line rate the library's collectives and peer copies reach inside a node: published bus
+    bandwidth (nccl-tests / rccl-tests convention) ÷ line rate, as the yaml cites it."""
+    nvls_allreduce_busbw: float | None = None
+    """Bus bandwidth, bytes/s (nccl-tests convention), of an all-reduce over the whole node reduced inside the switch
+    (NCCL's NVLS, NVSwitch with NVLink SHARP), as published; None: no in-switch reduction (the ring prices it)."""
+    nic_efficiency: float = 0.65
+    """Fraction of the NIC line rate (`inter_node_bw`) a collective across nodes reaches, as the yaml cites it."""
     sources: list[str] = field(default_factory=list)
     """Where every number comes from."""
     device_names: list[str] = field(default_factory=list)
@@ -67,11 +89,32 @@ class HardwareProfile:
         return self.peak_flops_fp32 if BYTES[dtype] >= 4 else self.peak_flops_bf16
 
     def link(self, span: int, p2p: bool = False) -> tuple[float, float]:
-        """(effective bytes/s, α seconds) for a group spanning `span` consecutive ranks."""
+        """(effective bytes/s, α seconds) for a group spanning `span` consecutive ranks, by the span alone: the rule
+        before the topology model (`Pricing.links="node"`; `group_link` is the rule the hardware has)."""
         if span <= self.gpus_per_node:
             bw = (self.intra_node_p2p_bw or self.intra_node_bw) if p2p else self.intra_node_bw
             return bw * self.comm_efficiency, self.intra_node_latency_s
         return self.inter_node_bw * self.comm_efficiency, self.inter_node_latency_s
+
+    def group_link(self, op: str, p: int, span: int) -> tuple[float, float]:
+        """(effective bytes/s, α seconds) of collective `op` over a group of p ranks spanning `span` consecutive
+        ranks, on the links that group has (docs/method.md#collective-cost); "p2p" is one transfer to one peer
+        (p = 2), as a ring hop is.
+
+        Inside a node (span ≤ gpus_per_node): a switch gives every group, of any size, each GPU's links_per_gpu
+        links (an all-reduce over the whole node takes NVLS's bus bandwidth where the profile has one); a fully
+        connected mesh gives a p-GPU group its p − 1 peer links, a point-to-point transfer one. Across nodes: the
+        NICs, one per GPU, of the group's members on a node (k = p ÷ the nodes it spans, at least 1: a ring leaves
+        each node once per channel, and the channels spread over those k NICs)."""
+        g = self.gpus_per_node
+        if span > g:
+            k = max(1, min(g, p // -(-span // g)))
+            return k * self.inter_node_bw * self.nic_efficiency, self.inter_node_latency_s
+        links = self.links_per_gpu if self.topology == "switch" else min(max(p - 1, 1), self.links_per_gpu)
+        bw = links * self.link_bw * self.link_efficiency
+        if op == "allreduce" and self.nvls_allreduce_busbw and self.topology == "switch" and p == g:
+            bw = max(bw, self.nvls_allreduce_busbw)
+        return bw, self.intra_node_latency_s
 
 
 def load_hardware(name: str, conf_dir: str | Path | None = None) -> HardwareProfile:
@@ -98,6 +141,11 @@ def load_hardware(name: str, conf_dir: str | Path | None = None) -> HardwareProf
         "comm_efficiency",
     ):
         data[key] = float(data[key])  # YAML 1.1 reads "1e12" (no sign, no dot) as a string
+    for key in ("link_bw", "link_efficiency", "nic_efficiency", "nvls_allreduce_busbw"):  # the link model's
+        if data.get(key) is not None:
+            data[key] = float(data[key])
+    if data.get("topology", "switch") not in TOPOLOGIES:
+        raise ValueError(f"{path}: topology={data['topology']!r} is unknown; allowed: {', '.join(TOPOLOGIES)}")
     data["device_names"] = [str(s) for s in data.get("device_names") or []]
     profile = HardwareProfile(**data)
     calib = path.with_name(f"{name}.calibration.json")

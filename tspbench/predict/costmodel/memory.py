@@ -19,7 +19,6 @@ from tspbench.config import GRAD_BUCKET_ELEMS, ModelConfig
 from tspbench.parallel import ParallelConfig
 from tspbench.predict.costmodel.activations import (
     Geometry,
-    gathered_saved_bytes,
     geometry,
     head_saved_bytes,
     kv_cache_bytes,
@@ -55,17 +54,22 @@ def largest_param_elems(model: ModelConfig, par: ParallelConfig) -> float:
 
 
 def grad_sync_bucket_elems(model: ModelConfig, par: ParallelConfig) -> float:
-    """Elements `ParallelModel.finish_grad_sync` concatenates at once: one bucket of at most
-    GRAD_BUCKET_ELEMS (the in-group sum, then the data-parallel average), freed before the next. Bounded
-    by the bucket cap; a lone oversized gradient is reduced in place, so this is an upper estimate when
-    buckets do not fill exactly."""
+    """Elements of the flat buffer the overlapped gradient sync concatenates when a bucket's last gradient arrives in
+    backward (`ParallelModel._pack`): one bucket of at most GRAD_BUCKET_ELEMS (the in-group sum and the data-parallel
+    average share it), after which the bucket's gradients are views of it and their separate copies are freed, so it
+    is a one-bucket transient on top of the gradients held. Counted at the end of backward (`embedding_backward_phase`),
+    where every gradient is held: an upper estimate when buckets do not fill exactly, or when the last one is a lone
+    gradient (reduced in place, no copy)."""
     if par.spec.fsdp:  # FSDP reduce-scatters every gradient during backward: no bucket
         return 0.0
     groups = [*grad_sync_groups(model, par), kv_grad_sync_group(model, par)]
-    n = min(max((n for n, p in groups if p > 1), default=0.0), GRAD_BUCKET_ELEMS)  # one group at a time
-    if par.dp > 1:
-        n = max(n, min(params_per_device(model, par), GRAD_BUCKET_ELEMS))
-    return n
+    n = max((n for n, p in groups if p > 1), default=0.0)  # buckets are cut per group
+    # the embedding's gradient, the last of backward, closes the last bucket of its group: one of these when ranks
+    # see different tokens at the embedding, else (dp > 1) the group of everything averaged over dp alone
+    embedding_in_group = par.sp_degree > 1 or (par.megatron_sp and par.vocab_degree == 1)
+    if par.dp > 1 and not embedding_in_group:
+        n = params_per_device(model, par) - sum(n for n, _ in groups)
+    return min(n, GRAD_BUCKET_ELEMS)
 
 
 FSDP_BUFFERS = ("unit", "unit_grad", "head", "head_grad", "embed")
@@ -152,10 +156,13 @@ def forward_phases(step: StepMemory, *, kv_cache: bool = True) -> dict[str, dict
         + 2 * 2 * (geo.kv_tokens or geo.n_gemm) * model.head_dim * kv_heads_per_rank(model, geo.t) * b,
     )
     if par.ulysses:
-        # block input, its norm, local Q/K/V, their head shards as received and un-zigzagged, the kernel output
-        # and its re-zigzagged copy
+        # block input, its norm, local Q/K/V, the packed chunks posted and the head shards received; tp_sp (its
+        # three exchanges posted back to back after the fused projection) also the kernel output and its
+        # re-zigzagged copy; sp and fsdp_sp (projections split, schemes/ops/ulysses.py) peak when V's exchange is
+        # posted: the local Q/K/V are freed before the un-zigzag, the output moment is smaller
         qkv = 3 * (h + 2 * h / model.gqa_ratio) / geo.t
-        layer = max(layer, geo.n_res * (2 * h + qkv + 2 * h / geo.t) * b)
+        out = 2 * h / geo.t if par.scheme == "tp_sp" else 0.0
+        layer = max(layer, geo.n_res * (2 * h + qkv + out) * b)
     kv = kv_cache_bytes(par, work) if kv_cache else 0.0
     return {
         "head": step.phase(temporaries=logits + geo.n_res * h * b, kv_cache=kv, comm_buffers=step.fsdp["head"]),
@@ -237,8 +244,6 @@ class LayerBackward:
 
     stored: float
     """What each block keeps from its forward (activations.stored_per_layer)."""
-    gathered: float
-    """Megatron-SP's all-gathered GEMM inputs among the saved tensors (comm buffers)."""
     working_set: dict[str, float]
     """Each moment's extra bytes, the saved part alive at it and its comm part
     (activations.layer_backward_working_set)."""
@@ -255,9 +260,7 @@ def layer_backward_phases(step: StepMemory, grads: Gradients) -> dict[str, dict[
                    the working set (the layers in between are linear between the two)
     """
     par, work, fb, L = step.par, step.work, step.fsdp, step.work.model.n_layers
-    lb = LayerBackward(
-        stored_per_layer(par, work), gathered_saved_bytes(par, work), layer_backward_working_set(par, work)
-    )
+    lb = LayerBackward(stored_per_layer(par, work), layer_backward_working_set(par, work))
     # fsdp_sp: the layer's unit, the prefetched one before it (the embedding for layer 0) and the last
     # reduce-scatter input (the head's for the last layer)
     fsdp_comm = {
@@ -270,7 +273,7 @@ def layer_backward_phases(step: StepMemory, grads: Gradients) -> dict[str, dict[
         layers.insert(1, ("bwd_mid_first", L - 1, grads.head + grads.layer))
     out = {}
     for name, n_stored, held in layers:
-        moments = [m for m in ("mlp", "norm", "attn") if m in lb.working_set]
+        moments = [m for m in ("mlp", "col", "norm", "attn") if m in lb.working_set]
         out[name] = max(
             (_layer_moment(step, grads, lb, moment, n_stored, held, fsdp_comm[name]) for moment in moments),
             key=lambda p: p["total"],
@@ -286,9 +289,13 @@ def _layer_moment(
     ws, h, n_res = lb.working_set, step.work.model.dim, step.geo.n_res
     saved, extra, comm = ws[f"{moment}_saved"], ws[moment], ws[f"{moment}_comm"]
     g = held + (grads.mlp if moment in ("norm", "attn") else 0.0) + (grads.wo if moment == "attn" else 0.0)
+    col_wgrads = 0.0
+    if moment == "col":  # W_down's gradient is attached; gate's and up's are just computed (not yet .grad)
+        g += grads.mlp / 3
+        col_wgrads = 2 * grads.mlp / 3
     if step.par.recompute == "full":  # the layer's activations are rebuilt in backward: temporaries
         act = n_stored * lb.stored
-        comm_b = comm + (lb.gathered if moment == "mlp" else 0.0)
+        comm_b = comm
         tmp = saved + extra - comm_b
     else:  # saved in forward: activations (minus what is already freed)
         act = (n_stored - 1) * lb.stored + saved
@@ -298,32 +305,39 @@ def _layer_moment(
         comm_b, tmp = comm, extra - comm
     if moment in ("norm", "attn"):
         tmp += grads.mlp_tmp + (grads.wo_tmp if moment == "attn" else 0.0)
+    tmp += col_wgrads
     return step.phase(grads=g, activations=act, temporaries=tmp, comm_buffers=comm_b + fsdp_comm)
 
 
 def embedding_backward_phase(step: StepMemory, grads: Gradients) -> dict[str, float]:
-    """Embedding backward: the incoming gradient and the dense embedding gradient (+ fsdp_sp: the gathered embedding
-    and layer 0's last reduce-scatter input); a vocabulary-parallel embedding adds the masked lookup's gradient, and
-    under Megatron-SP its incoming gradient is an all-gather output."""
+    """Embedding backward, the larger of two moments. Its work: the incoming gradient and the dense embedding gradient
+    (+ fsdp_sp: the gathered embedding and layer 0's last reduce-scatter input); a vocabulary-parallel embedding adds
+    the masked lookup's gradient, and under Megatron-SP its incoming gradient is an all-gather output. Then the
+    gradient sync's last bucket, packed when the embedding's gradient completes it: every gradient plus the flat
+    buffer (`grad_sync_bucket_elems`; the overlapped sync posts it there, docs/method.md#choice-overlap)."""
     geo, fb = step.geo, step.fsdp
     h, b = step.work.model.dim, step.work.elem_bytes
+    bucket = grad_sync_bucket_elems(step.work.model, step.par) * step.training.grad_bytes(step.work)
+    packed = step.phase(grads=grads.all, comm_buffers=bucket)
     if layout(step.par).vocab_div == 1:
-        return step.phase(
+        work = step.phase(
             grads=grads.all - grads.embed,
             temporaries=geo.n_res * h * b + grads.embed_full,
             comm_buffers=fb["embed"] + fb["unit_grad"],
         )
-    n_emb = geo.n_loss  # the embedding sees the head's tokens (Megatron-SP: the gathered ones)
-    gathered = n_emb * h * b if geo.n_loss > geo.n_res else 0.0
-    return step.phase(
-        grads=grads.all - grads.embed, temporaries=2 * n_emb * h * b - gathered + grads.embed, comm_buffers=gathered
-    )
+    else:
+        n_emb = geo.n_loss  # the embedding sees the head's tokens (Megatron-SP: the gathered ones)
+        gathered = n_emb * h * b if geo.n_loss > geo.n_res else 0.0
+        work = step.phase(
+            grads=grads.all - grads.embed, temporaries=2 * n_emb * h * b - gathered + grads.embed, comm_buffers=gathered
+        )
+    return max(work, packed, key=lambda p: p["total"])
 
 
 def grad_sync_phase(step: StepMemory, grads: Gradients) -> dict[str, float]:
-    """finish_grad_sync: every gradient and one flat bucket (`grad_sync_bucket_elems`)."""
-    bucket = grad_sync_bucket_elems(step.work.model, step.par) * step.training.grad_bytes(step.work)
-    return step.phase(grads=grads.all, comm_buffers=bucket)
+    """finish_grad_sync: every gradient. The buckets were posted during backward and their flat buffers are the
+    gradients' own memory (`embedding_backward_phase` counts the last one's concatenation); this only waits."""
+    return step.phase(grads=grads.all)
 
 
 def optimizer_phase(step: StepMemory, grads: Gradients) -> dict[str, float]:
@@ -348,8 +362,8 @@ def memory_phases(
                    [tokens, V] gradients
         bwd_first, bwd_last (and fsdp_sp's bwd_mid_first)   the layers' backward (`layer_backward_phases`)
         embed_bwd  embedding backward (`embedding_backward_phase`): the incoming gradient and the dense embedding
-                   gradient
-        grad_sync  finish_grad_sync's flat bucket(s) (`grad_sync_phase`)
+                   gradient, or every gradient + the gradient sync's last flat bucket
+        grad_sync  finish_grad_sync, waiting for the buckets posted in backward (`grad_sync_phase`)
         optimizer  AdamW's temporaries (`optimizer_phase`)
     The forward phases are below `backward` (which holds every stored activation plus the loss gradients).
     Forward (no grad, `forward_phases`): the LM head or one layer's working set, + the KV cache when `kv_cache`.
@@ -389,4 +403,4 @@ def peak_phase(par: ParallelConfig, work: Workload, training: Training = TRAININ
 
 def comm_buffer_bytes(par: ParallelConfig, work: Workload) -> float:
     """Communication buffers live at one layer's backward peak (mlp moment; full recompute)."""
-    return layer_backward_working_set(par, work)["mlp_comm"] + gathered_saved_bytes(par, work)
+    return layer_backward_working_set(par, work)["mlp_comm"]

@@ -11,7 +11,8 @@ Parameters (Llama block, SwiGLU, RMSNorm, untied LM head; docs/method.md#memory)
     tp_sp       Megatron-SP on T by default (par.msp): residual stream 1/(T·Σ) of the tokens (`mesh_megatron_sp`)
     sharded     W / T for tp, tp_msp, tp_sp;  W / D for tsp;  not at all for sp (weights replicated); with
                 T > n_kv (GQA/MQA) each rank holds one whole KV head (K, V: 2·h·d), replicated over T/n_kv ranks;
-                fsdp_sp: every parameter (norms, embedding, head included) ÷ N = dp·Σ (FSDP2)
+                fsdp_sp: every parameter (norms, embedding, head included) ÷ N = dp_shard·Σ (FSDP2's shard group;
+                replicated over the dp/dp_shard HSDP replicas)
 
 Model state bytes per parameter k (AdamW): dtype weights + grad_dtype grads + fp32 m, v (+ fp32 master when
 the weights are 16-bit and master_fp32): bf16 → 2 + 2 + 8 + 4 = 16; with fp32 grads 18 (Megatron). Without
@@ -55,9 +56,10 @@ def mesh_megatron_sp(par: ParallelConfig) -> bool:
 
 def regathers_kv(par: ParallelConfig) -> bool:
     """What the code does with the exchanged K/V in backward: TSP's owner loop re-gathers each owner's K/V
-    (schemes/ops/owner_attention.py) rather than keep it; the token-sharded schemes keep theirs. The default of
-    every `regather_kv` argument (docs/method.md#communication)."""
-    return par.scheme == "tsp"
+    (schemes/ops/owner_attention.py) rather than keep it, unless the layout says `regather_kv=False` (then backward
+    uses the K/V the forward, or the full-recompute replay, gathered); the token-sharded schemes keep theirs. The
+    default of every `regather_kv` argument (docs/method.md#communication)."""
+    return par.scheme == "tsp" and par.regather_kv
 
 
 def selective_reruns_kernel(par: ParallelConfig) -> bool:
@@ -100,7 +102,8 @@ def non_embedding_params(model: ModelConfig) -> int:
 
 
 def fsdp_shards(par: ParallelConfig | None) -> int:
-    """N = dp·Σ: the ranks FSDP shards every weight over in fsdp_sp (docs/method.md#fsdp-sp); 1 elsewhere."""
+    """N = dp_shard·Σ: the ranks FSDP shards every weight over in fsdp_sp, its shard group (docs/method.md#fsdp-sp); 1
+    elsewhere."""
     return par.fsdp_shards if par is not None else 1
 
 

@@ -79,7 +79,12 @@ class Pricing:
     and Megatron's --overlap-grad-reduce do); false: it follows the backward, exposed."""
     tp_async: bool = True
     """Megatron's default backward overlap of the TP family (the sequence-parallel input re-gathered behind the dgrad
-    GEMM, dgrad reduce-scattered behind the wgrad GEMM); false: every TP collective synchronous."""
+    GEMM, dgrad reduce-scattered behind the wgrad GEMM); false: every TP collective synchronous (and, under
+    Megatron-SP, the gathered inputs kept instead of re-gathered: the code before it)."""
+    ulysses_overlap: bool = True
+    """DeepSpeed-Ulysses' communication overlap (DeepSpeed ≥ 0.14.5 with sp_stream): Q, K, V exchanged one by one,
+    each behind the next projection forward and the next projection's backward, O's gradient behind W_O's wgrad
+    GEMM; false: the code before it, one packed [Q; K; V] all-to-all and O's, synchronous."""
     tsp_kv_pipeline: bool = True
     """TSP's K/V all-gathers pipelined across owners (owner r+1's projections and gather posted before owner r's
     attention); false: each owner's gather waited at once."""

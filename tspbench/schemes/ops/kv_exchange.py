@@ -3,7 +3,8 @@ docs/method.md#choice-sp-variant).
 
     allgather (default)  all-gather K and V along the sequence, un-zigzag, causal attention per local chunk
     ring                 Σ−1 peer-to-peer K/V hops with an online-softmax merge (ring_attention.py)
-    ulysses              DeepSpeed-Ulysses: all-to-all from token shards to head shards and back (ulysses.py)
+    ulysses              DeepSpeed-Ulysses: all-to-all from token shards to head shards and back (ulysses.py, called
+                         by the attention modules themselves: its output exchange is fused with W_O)
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import torch
 from tspbench.schemes.comm import Comm, gather_from_sequence
 from tspbench.schemes.ops.layout import SeqLayout, attend_shard
 from tspbench.schemes.ops.ring_attention import ring_attention
-from tspbench.schemes.ops.ulysses import ulysses_attention
 
 
 def attend_sequence(
@@ -34,15 +34,15 @@ def attend_sequence(
     `core(fn, *args)` runs the core attention (model.CoreAttention.core: checkpointed under
     recompute=selective). The core is the exchange AND the kernel, as TransformerEngine's context-parallel
     attention under Megatron's selective recompute: the whole-sequence K/V are not kept for backward but
-    exchanged again (docs/method.md#choice-recompute). Ulysses is the exception: its all-to-alls stay outside the
-    core (the head-sharded Q, K, V it keeps are the size of the local ones; docs/method.md#ulysses).
+    exchanged again (docs/method.md#choice-recompute). Ulysses is not here (ops/ulysses.py): its all-to-alls stay
+    outside the core (the head-sharded Q, K, V it keeps are the size of the local ones; docs/method.md#ulysses).
     """
     if comm is None:
         return core(attend_shard, q, k, v, layout)
     if variant == "ring":
         return core(ring_attention, q, k, v, comm, layout)
-    if variant == "ulysses":
-        return ulysses_attention(q, k, v, comm, layout, core)
+    if variant == "ulysses":  # its output exchange is fused with W_O (ops/ulysses.py): the module calls it
+        raise ValueError("sp_variant=ulysses attends through schemes/ops/ulysses.py, not attend_sequence")
     return core(_allgather_attention, q, k, v, comm, layout)
 
 

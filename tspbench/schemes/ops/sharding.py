@@ -23,9 +23,21 @@ from tspbench.model import Transformer, init_full_param
 from tspbench.parallel import ParallelConfig, kv_replicas
 from tspbench.schemes.comm import Comm, CommLog
 
+DP_PARTS = ("dp_replicate", "dp_shard")
+"""HSDP (fsdp_sp): the data-parallel axis split into replicas across shard groups × replicas within one (torchtitan's
+dp_replicate × dp_shard); `ApplyArgs.comm("dp")` is the two flattened, so dp's group and ranks are those of a mesh
+with one "dp" axis."""
+
 
 def mesh_shape(par: ParallelConfig) -> tuple[int, ...]:
-    sizes = {"dp": par.dp, "tp": par.tp_degree, "sp": par.sp_degree, "tsp": par.degree}
+    sizes = {
+        "dp": par.dp,
+        "dp_replicate": par.dp // par.dp_shard,
+        "dp_shard": par.dp_shard,
+        "tp": par.tp_degree,
+        "sp": par.sp_degree,
+        "tsp": par.degree,
+    }
     return tuple(sizes[a] for a in par.spec.mesh)  # the scheme's axes (tspbench/parallel/registry.py)
 
 
@@ -123,8 +135,13 @@ class ApplyArgs:
     """name → (axes, block axis, block size) of each `block_group`, so `sync_group` can add dp to it."""
 
     def comm(self, axis: str) -> Comm | None:
-        """The group of mesh axis `axis`, or None when the mesh has no such axis or it has one rank."""
-        if axis not in (self.mesh.mesh_dim_names or ()):
+        """The group of mesh axis `axis`, or None when the mesh has no such axis or it has one rank. "dp" on a mesh
+        that splits it (`DP_PARTS`) is the group of both parts."""
+        names = self.mesh.mesh_dim_names or ()
+        if axis == "dp" and axis not in names and DP_PARTS[1] in names:
+            c = self.flat(*DP_PARTS)
+            return Comm(c.group, self.log, "dp") if c is not None else None
+        if axis not in names:
             return None
         c = axis_comm(self.mesh, axis, self.log)
         return c if c.size > 1 else None
