@@ -24,6 +24,7 @@ from tspbench.config import ModelConfig
 from tspbench.paper.tables import LLAMA7B, PAPER_MEMORY_SETTING
 from tspbench.parallel import ParallelConfig
 from tspbench.predict.costmodel import Workload, memory_breakdown, params_per_device
+from tspbench.predict.costmodel.hardware import load_hardware
 from tspbench.predict.costmodel.memory import memory_phases
 from tspbench.predict.estimate import CATEGORIES, EstimateOptions, estimate
 from tspbench.predict.realrun import estimate_summary, measure
@@ -415,3 +416,19 @@ def test_hardware_flops_model_equals_counter(scheme, degree, tp, recompute):
     par = ParallelConfig(scheme=scheme, degree=degree, tp=tp, recompute=recompute)
     got = estimate(par, Workload(FLOP_MODEL, s, 1, dtype="bfloat16"))["metrics"]["flops_per_token"]
     assert got == pytest.approx(hardware_flops_per_token(par, Workload(FLOP_MODEL, s, mode="train")), rel=2e-3)
+
+
+@pytest.mark.parametrize("scheme,degree,tp", [("tp_msp", 2, 0), ("tp_sp", 4, 2), ("tp", 2, 0)])
+def test_hardware_flops_with_a_replicated_head_equal_counter(scheme, degree, tp):
+    """vocab=replicated: the LM head runs on the tokens the rank holds when it reaches it (Megatron-SP: its sequence
+    piece, B·S/T; plain TP: every token) over every class; the model's FLOPs equal the counter's (a head charged on
+    all B·S tokens under Megatron-SP would be T× too many head FLOPs). The time model's per-device FLOPs
+    (time.compute_time_s, every rank the same), summed over the ranks, are what the counter sees over the replica."""
+    from tspbench.predict.costmodel.time import compute_time_s
+
+    s = 512
+    par = ParallelConfig(scheme=scheme, degree=degree, tp=tp, vocab="replicated")
+    work = Workload(FLOP_MODEL, s, 1, dtype="bfloat16")
+    got = estimate(par, work)["metrics"]["flops_per_token"]
+    per_device, _ = compute_time_s(par, Workload(FLOP_MODEL, s, 1, mode="train"), load_hardware("h100"))
+    assert got == pytest.approx(per_device * degree / s, rel=2e-3)

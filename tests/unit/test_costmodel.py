@@ -396,7 +396,8 @@ def test_paper_tables():
     from tspbench.paper.tables import throughput_assumptions
 
     text = "\n".join(throughput_assumptions())  # what drives the ratio is printed beside it
-    assert "448 GB/s" in text and "forward only" in text and "training instead" in text
+    assert "7 links of 64 GB/s per GPU at efficiency 0.71" in text and "p − 1 links" in text
+    assert "forward only" in text and "training instead" in text and "at its best" in text
 
 
 @pytest.mark.parametrize(

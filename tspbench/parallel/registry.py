@@ -116,8 +116,11 @@ for _s in (
         mesh=("dp", "tp"),
         tensor_degree=_degree,
         token_degree=_one,
-        # the head gathers the sequence: all B·S tokens over V/T classes
-        divisors=lambda par: Divisors(par.degree, 1, par.degree, 1, par.degree, par.degree, 1, par.degree),
+        # the vocabulary-parallel head gathers the sequence: all B·S tokens over V/T classes; a replicated head
+        # runs on the rank's sequence piece, B·S/T tokens over every class
+        divisors=lambda par: Divisors(
+            par.degree, 1, par.degree, 1, par.degree, par.degree, 1 if par.vocab_degree > 1 else par.degree, par.degree
+        ),
         vocab_split=True,
         sequence_parallel_norms=lambda par: par.degree > 1,
         check_fit=_check_tp_msp,
