@@ -79,6 +79,19 @@ class HardwareProfile:
     calibration: str | None = None
     """The calibration file whose measured efficiencies replaced the assumptions (conf/hardware/<name>.calibration.json,
     written by `python -m tspbench.gpu_check time=true` on that device), or None: datasheet assumptions."""
+    compute_units: int | None = None
+    """CUs (AMD) / SMs (NVIDIA) the kernels' output tiles are spread over: the wave quantisation of
+    `Pricing.kernels="shape"` (costmodel/kernels.py); None: no wave quantisation (cpu)."""
+    attention_fwd_points: dict[str, list[list[float]]] | None = None
+    """Published flash-attention forward throughput, {"causal" | "unmasked": [[sequence length, TFLOP/s], …]} at the
+    benchmark shape `attention_points_shape` (q = k = sequence length), each point cited in the yaml; None: none found
+    (kernels.py falls back to matmul_efficiency)."""
+    attention_bwd_points: dict[str, list[list[float]]] | None = None
+    """The same for the flash backward (TFLOP/s counting the backward as 2.5 forwards)."""
+    attention_points_shape: dict[str, int] | None = None
+    """{batch, heads, head_dim} of the runs the attention points come from."""
+    gemm_points: list[list[float]] | None = None
+    """Published square bf16 GEMM throughput [[M = N = K, TFLOP/s], …]; None: none found (matmul_efficiency)."""
 
     @property
     def efficiency_source(self) -> str:
@@ -147,11 +160,56 @@ def load_hardware(name: str, conf_dir: str | Path | None = None) -> HardwareProf
     if data.get("topology", "switch") not in TOPOLOGIES:
         raise ValueError(f"{path}: topology={data['topology']!r} is unknown; allowed: {', '.join(TOPOLOGIES)}")
     data["device_names"] = [str(s) for s in data.get("device_names") or []]
+    _check_kernel_keys(path, data)
     profile = HardwareProfile(**data)
     calib = path.with_name(f"{name}.calibration.json")
     if calib.exists():
         apply_calibration(profile, calib)
     return profile
+
+
+POINT_MASKS = ("causal", "unmasked")
+
+
+def _check_points(path: Path, key: str, points: object, peak_tflops: float) -> None:
+    """[[x > 0, TFLOP/s in (0, peak]], …] with x strictly increasing, else one actionable ValueError."""
+    ok = isinstance(points, list) and len(points) > 0
+    last = 0.0
+    for p in points if isinstance(points, list) else []:
+        good = isinstance(p, list) and len(p) == 2 and all(isinstance(v, (int, float)) for v in p)
+        ok = ok and good and p[0] > last and 0 < p[1] <= peak_tflops
+        last = p[0] if good else last
+    if not ok:
+        raise ValueError(
+            f"{path}: {key} = {points!r}: needs a list of [size > 0, TFLOP/s in (0, {peak_tflops:g}]] pairs in "
+            "increasing size, each cited on its line"
+        )
+
+
+def _check_kernel_keys(path: Path, data: dict) -> None:
+    """The optional keys of shape pricing (costmodel/kernels.py): refused with one line naming key and fix."""
+    units = data.get("compute_units")
+    if units is not None and (not isinstance(units, int) or isinstance(units, bool) or units <= 0):
+        raise ValueError(f"{path}: compute_units={units!r}: needs a positive integer (CUs / SMs of the device)")
+    peak = float(data["peak_flops_bf16"]) / 1e12
+    attention = [k for k in ("attention_fwd_points", "attention_bwd_points") if data.get(k) is not None]
+    for key in attention:
+        table = data[key]
+        if not isinstance(table, dict) or not table or set(table) - set(POINT_MASKS):
+            raise ValueError(f"{path}: {key} needs a mapping with keys among {POINT_MASKS}; got {table!r}")
+        for mask, points in table.items():
+            _check_points(path, f"{key}.{mask}", points, peak)
+    if data.get("gemm_points") is not None:
+        _check_points(path, "gemm_points", data["gemm_points"], peak)
+    shape = data.get("attention_points_shape")
+    if attention and not (
+        isinstance(shape, dict)
+        and set(shape) == {"batch", "heads", "head_dim"}
+        and all(isinstance(v, int) and v > 0 for v in shape.values())
+    ):
+        raise ValueError(f"{path}: attention_points_shape={shape!r}: needs {{batch, heads, head_dim}} positive ints")
+    if (attention or data.get("gemm_points") is not None) and units is None:
+        raise ValueError(f"{path}: kernel points need compute_units (the wave quantisation divides them out)")
 
 
 CALIBRATION_KEYS = ("gemm", "attention_forward", "attention_backward")

@@ -28,6 +28,7 @@ from tspbench.predict.costmodel.collectives import (
 from tspbench.predict.costmodel.comm import grad_sync_groups, kv_grad_sync_group
 from tspbench.predict.costmodel.flops import hardware_flops_per_token
 from tspbench.predict.costmodel.hardware import HardwareProfile, load_hardware  # noqa: F401 (re-exported)
+from tspbench.predict.costmodel.kernels import KERNELS, layer_shape_time_s
 from tspbench.predict.costmodel.params import (
     kv_heads_per_rank,
     layer_weight_params,
@@ -326,8 +327,8 @@ def grad_sync_time_s(
         t_edges = collectives_time_s(in_edges, hw, b, pricing=pricing) + collectives_time_s(
             dp_edges, hw, gb, pricing=pricing
         )
-    train_s = compute_time_s(par, work, hw, layers=n_layers)[1]
-    forward_s = compute_time_s(par, replace(work, mode="forward"), hw, layers=n_layers)[1]
+    train_s = compute_time_s(par, work, hw, layers=n_layers, pricing=pricing)[1]
+    forward_s = compute_time_s(par, replace(work, mode="forward"), hw, layers=n_layers, pricing=pricing)[1]
     c = (train_s - forward_s) / n_layers  # one layer's backward (its recompute included)
     free = t_edges / 2  # the LM head's bucket: ready as the layers' backward starts
     for k in range(1, n_layers + 1):  # layer L − k's buckets, ready after its backward
@@ -339,12 +340,21 @@ def grad_sync_time_s(
 
 # ---------------------------------------------------------------------------------------------- step
 def compute_time_s(
-    par: ParallelConfig, work: Workload, hw: HardwareProfile, *, layers: int | None = None, causal_halved: bool = True
+    par: ParallelConfig,
+    work: Workload,
+    hw: HardwareProfile,
+    *,
+    layers: int | None = None,
+    causal_halved: bool = True,
+    pricing: Pricing = PRICING,
 ) -> tuple[float, float]:
     """(FLOPs per device, seconds) of one replica's step on one device: the replica's executed FLOPs
     (flops.hardware_flops_per_token: recompute, flash backward) split over its ranks, except the LM head (full
     model only), which each rank runs on B·S/loss_div tokens × V/vocab_div classes; at the roofline, the attention
-    kernel at its own measured rates on a calibrated profile."""
+    kernel at its own measured rates on a calibrated profile. Pricing.kernels="shape": the layers' GEMM and attention
+    calls each at its own shape's efficiency (kernels.layer_shape_time_s), the rest (LM head) at the roofline."""
+    if pricing.kernels not in KERNELS:
+        raise ValueError(f"Pricing.kernels={pricing.kernels!r} is unknown; allowed: {', '.join(KERNELS)}")
     model, mode, lay = work.model, work.mode, layout(par)
     n_layers = model.n_layers if layers is None else layers
     body = hardware_flops_per_token(par, work, layers=n_layers, include_lm_head=False, causal_halved=causal_halved)
@@ -356,13 +366,18 @@ def compute_time_s(
         else:
             flops += work.tokens / lay.loss_div * 2 * model.vocab_size / lay.vocab_div * model.dim * mult
     compute_s = flops / (hw.peak_flops(work.dtype) * hw.matmul_efficiency)
-    if hw.calibration:  # measured kernel efficiencies: the attention kernel's FLOPs at their own rate
+    if hw.attention_forward_efficiency or hw.attention_backward_efficiency:  # the attention kernel at its own rates
         fwd_attn, bwd_attn = _attention_flops_per_token(par, work, n_layers, causal_halved)
         peak = hw.peak_flops(work.dtype)
         attn_tokens = work.tokens / par.degree
         compute_s -= attn_tokens * (fwd_attn + bwd_attn) / (peak * hw.matmul_efficiency)
         compute_s += attn_tokens * fwd_attn / (peak * (hw.attention_forward_efficiency or hw.matmul_efficiency))
         compute_s += attn_tokens * bwd_attn / (peak * (hw.attention_backward_efficiency or hw.matmul_efficiency))
+    if pricing.kernels == "shape":
+        reruns = 1 if work.mode == "train" and (par.recompute == "full" or selective_reruns_kernel(par)) else 0
+        layer_flops, layer_s = layer_shape_time_s(par, work, hw, reruns=reruns)
+        rest = max(0.0, flops - n_layers * layer_flops)  # the LM head (and what the listed calls do not cover)
+        compute_s = rest / (hw.peak_flops(work.dtype) * hw.matmul_efficiency) + n_layers * layer_s
     return flops, compute_s
 
 
@@ -401,7 +416,7 @@ def step_time(
         raise ValueError(f"overlap={overlap!r} is unknown; allowed: {', '.join(OVERLAPS)}")
     b, model = work.elem_bytes, work.model
     n_layers = model.n_layers if layers is None else layers
-    flops, compute_s = compute_time_s(par, work, hw, layers=layers, causal_halved=causal_halved)
+    flops, compute_s = compute_time_s(par, work, hw, layers=layers, causal_halved=causal_halved, pricing=pricing)
 
     colls = layer_collectives(par, work, tp_regather=pricing.tp_async, ulysses_split=pricing.ulysses_overlap)
     comm_s = n_layers * collectives_time_s(colls, hw, b, pricing=pricing)

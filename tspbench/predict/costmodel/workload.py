@@ -88,6 +88,11 @@ class Pricing:
     tsp_kv_pipeline: bool = True
     """TSP's K/V all-gathers pipelined across owners (owner r+1's projections and gather posted before owner r's
     attention); false: each owner's gather waited at once."""
+    kernels: str = "flat"
+    """flat: every FLOP at the profile's one matmul_efficiency (the attention kernel at its calibrated rates on a
+    calibrated profile); shape: each GEMM and flash-attention call a layer issues at the efficiency of its own shape,
+    from published kernel benchmarks and wave quantisation on the device's compute units (costmodel/kernels.py), the
+    LM head still flat."""
 
 
 PRICING = Pricing()
