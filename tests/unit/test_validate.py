@@ -124,3 +124,66 @@ def test_the_entry_point_is_only_the_command_line():
     defs = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
     assert defs == {"ValidateConfig", "render", "main"}  # its options, its table, its command line
     assert validate.write_records.__module__ == "tspbench.record.store"
+
+
+OLD_SCHEMA_FILE = """\
+models:
+  llama3_8b: {vocab_size: 128256, dim: 4096, n_layers: 32, n_heads: 32, n_kv_heads: 8, ffn_hidden: 14336}
+rows:
+  - id: old_schema_fsdp
+    source: "a row written before the optional fields stack and checkpointing existed"
+    subset: validation
+    hardware: h100_96gb
+    gpus: 8
+    model: llama3_8b
+    layout: {scheme: single, degree: 1, fsdp: true}
+    seq_len: 8192
+    micro_batch: 2
+    recompute: selective
+    precision: bf16
+    measured: {tokens_per_s_per_gpu: 5762, peak_mem_gib: 82.4}
+    memory_kind: "free text, as measurements.yaml writes it"
+  - id: old_schema_out_of_scope
+    source: "an out-of-scope row in the old schema"
+    subset: calibration
+    hardware: h100
+    gpus: 8
+    model: llama3_8b
+    layout: {scheme: single, degree: 1}
+    seq_len: 8192
+    micro_batch: 1
+    recompute: full
+    precision: fp8
+    measured: {tokens_per_s_per_gpu: 8532}
+    out_of_scope: "float8"
+"""
+
+
+def test_a_file_in_the_old_schema_still_loads_and_predicts(tmp_path, capsys):
+    """stack and checkpointing are optional (default "": the file does not say), so a file without them loads,
+    its in-scope rows are predicted and `python -m tspbench.validate FILE` prints and writes them."""
+    old = tmp_path / "old.yaml"
+    old.write_text(OLD_SCHEMA_FILE)
+    loaded = published.load_rows([old])
+    assert [r.id for r in loaded] == ["old_schema_fsdp", "old_schema_out_of_scope"]
+    assert all(r.stack == "" and r.checkpointing == "" for r in loaded)
+    rec = published.record(loaded[0])
+    assert set(rec["error_pct"]) == {"tokens_per_s_per_gpu", "peak_mem_gib"} and not rec["quantity_out_of_scope"]
+    assert published.record(loaded[1])["status"] == "out_of_scope"
+    out = tmp_path / "v.jsonl"
+    assert validate.main([str(old), f"out={out}"]) == 0
+    printed = capsys.readouterr().out
+    assert "old_schema_fsdp" in printed and "out of scope: float8" in printed
+    assert len(out.read_text().splitlines()) == 2
+
+
+def test_a_published_number_in_another_form_is_kept_and_not_compared(rows):
+    """A key outside the four quantities (model_tflops_per_gpu, tokens_per_s_job, peak_mem_gb) is recorded as
+    published and, on an in-scope row, says why it has no error."""
+    row = next(r for r in rows if not r.out_of_scope and "tokens_per_s_per_gpu" in r.measured)
+    extra = published.Row(**{**row.__dict__, "measured": {**row.measured, "model_tflops_per_gpu": 500.0}})
+    rec = published.record(extra)
+    assert rec["published"]["model_tflops_per_gpu"] == 500.0
+    assert "model_tflops_per_gpu" not in rec["error_pct"] and rec["quantity_out_of_scope"]["model_tflops_per_gpu"]
+    long_rows = [r for r in rows if r.file.endswith("long_context.yaml")]
+    assert all(r.stack for r in long_rows)  # the new file names every row's implementation

@@ -69,12 +69,22 @@ class Row:
     precision: str
     """bf16 (in scope) or what the source used."""
     measured: dict[str, float]
-    """Published numbers: tokens_per_s_per_gpu, mfu_pct, peak_mem_gib, step_s (iteration time of the whole job)."""
+    """Published numbers: tokens_per_s_per_gpu, mfu_pct, peak_mem_gib, step_s (iteration time of the whole job).
+    A published number in another form (e.g. model_tflops_per_gpu, tokens_per_s_job, peak_mem_gb when the source
+    prints GB) is kept under its own key, copied as published: it is recorded, never compared (the record says
+    so per quantity), never converted into one of the four."""
     flops: str = "palm"
     """FLOPs convention of the published MFU: palm (6N + 12·L·h·S per token) or megatron_eq3 (Narayanan et al.
     2021, Eq. 3: the blocks' GEMMs ×4, recompute forward included, + the LM head's 6·V·h)."""
     memory_kind: str = ""
-    """allocated, reserved or device-used, as the source says."""
+    """allocated, reserved, device-used or unknown, as the source says (the quote that says so in `notes`)."""
+    stack: str = ""
+    """The implementation as the source ran it, its parts joined by "+": eager (PyTorch eager), torch_compile,
+    float8, transformer_engine, deepspeed, cpu_offload, … Optional: "" (the default, and every row written before
+    the field existed) means the file does not say, not eager."""
+    checkpointing: str = ""
+    """The source's activation-checkpointing policy in its own words (e.g. "selective op", "full"), where
+    `recompute` is its mapping onto ours. Optional: "" (the default) means the file does not say."""
     out_of_scope: str | None = None
     """Why the model family cannot represent the row (kept, never dropped)."""
     notes: str = ""
@@ -173,6 +183,9 @@ def record(row: Row) -> dict[str, Any]:
         return rec
     pred = predict(row)
     rec["predicted"] = pred
+    for q in row.measured:
+        if q not in QUANTITIES:
+            rec["quantity_out_of_scope"][q] = f"{q} is recorded as published; the cost model predicts only {QUANTITIES}"
     for q in QUANTITIES:
         if q not in row.measured:
             continue
