@@ -21,7 +21,17 @@ from pathlib import Path
 from tspbench import cli
 from tspbench.config import GB, ConfigError, model_preset
 from tspbench.parallel import MLP_EXCHANGES, SCHEMES, SP_VARIANTS, VOCAB, LayoutOptions, scheme
-from tspbench.predict.planner import BATCHES, MAX_DEGREE, PLAN_ORDER, PlanRequest, margin_pct, plan, plan_records
+from tspbench.predict.planner import (
+    BATCHES,
+    MAX_DEGREE,
+    PLAN_ORDER,
+    Layout,
+    PlanRequest,
+    margin_pct,
+    plan,
+    plan_records,
+)
+from tspbench.predict.verdict import compare, side_of
 from tspbench.record.store import write_records
 
 
@@ -129,6 +139,26 @@ def trust_line() -> str:
     return "Validation error that applies (published runs, validation subset): " + "; ".join(parts) + "."
 
 
+def fit_line(req: PlanRequest) -> str:
+    """The fit rule the ranking used (predict/planner.py fits_device)."""
+    return (
+        f"Fits: modelled peak × {1 + req.reserve:g} (allocator reserve) + {req.headroom / GB:.0f} GB (runtime "
+        "headroom) ≤ device memory (stated assumptions, docs/method.md#verdict)."
+    )
+
+
+def verdict_line(ranked: list[Layout], req: PlanRequest, pc: PlanConfig) -> str:
+    """The verdict (tspbench/predict/verdict.py) of the fastest TSP layout here against the fastest baseline."""
+    tsp = next((x for x in ranked if x.par.scheme == "tsp"), None)
+    base = next((x for x in ranked if scheme(x.par.scheme).role == "baseline"), None)
+    if tsp is None or base is None:
+        return "Verdict: none (TSP or every baseline is absent from the fitting layouts)."
+    sides = [side_of(x, req.model, req.seq_len, req.mode, req.hardware, req.gpus) for x in (tsp, base)]
+    setting = f"this plan: {req.model.name}, S={req.seq_len}, {req.gpus} {pc.hardware}, the layouts enumerated"
+    c = compare(sides[0], sides[1], tsp.name, base.name, setting)
+    return f"Verdict ({c.setting}): {c.sentence()}"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if cli.wants_help(argv):
@@ -164,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{lay.par.dp:5d} {lay.tokens_per_s_per_gpu:10.1f} {lay.tokens_per_s_cluster:13.4g} "
             + (f"{m:6.1f}%" if m is not None else "      -")
         )
+    print(fit_line(req))
+    print(verdict_line(ranked, req, pc))
     print(trust_line())
     if pc.out:
         out = Path(pc.out)

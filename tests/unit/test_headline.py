@@ -4,7 +4,7 @@ side is at its best by the rule tspbench/paper/best.py states, and a ratio insid
 from pathlib import Path
 
 from tspbench.paper.best import EVERY_OPTION, best_per_scheme, strongest_baseline
-from tspbench.paper.headline import MAIN, headline_markdown, verdict
+from tspbench.paper.headline import MAIN, headline_markdown
 from tspbench.parallel import layout_fields
 from tspbench.predict.planner import PlanRequest, plan
 
@@ -38,10 +38,15 @@ def test_each_side_is_the_fastest_that_fits_over_every_option():
     assert "each side at its best" in md and layout_fields(best["tsp"].par)["scheme"] == "tsp"
 
 
-def test_a_ratio_inside_the_model_error_is_not_a_win():
-    val = {"tokens_per_s_per_gpu": {"median_abs_pct": 20.0}}
-    assert verdict(1.1, val).startswith("within the model's error")
-    assert verdict(1.3, val).startswith("TSP ahead") and verdict(0.7, val).startswith("TSP behind")
+def test_the_headline_prints_the_verdict_functions_answer():
+    """The sentence and every reading carry tspbench/predict/verdict.py's band and answer for the same layouts."""
+    from tspbench.paper.best import compare_best
+
+    best = best_per_scheme(MAIN)
+    c = compare_best(MAIN, best["tsp"], strongest_baseline(best))
+    md = headline_markdown()
+    assert f"**Verdict: {c.verdict}** — TSP ÷ it = {c.band}" in md and c.moves_most in md
+    assert c.band.low <= c.band.central <= c.band.high
 
 
 def test_changes_table_ends_at_the_headline_and_starts_at_the_first_rule():

@@ -185,13 +185,15 @@ def test_context_records_for_the_report(tmp_path):
     from tspbench.run.context import write_context_records
 
     paths = write_context_records(tmp_path)
-    assert [p.name for p in paths] == ["validation.jsonl", "plan.jsonl"]
+    assert [p.name for p in paths] == ["validation.jsonl", "plan.jsonl", "verdict.jsonl"]
     got = read_all([tmp_path])
     assert got.of(None) == [] and len(got.of("validation")) == len(load_rows(default_files()))
     plans = got.of("plan")
     assert plans and all(r["status"] == "ok" and r["overlap"] == "schedule" for r in plans)
     assert all(r[k] == v for r in plans for k, v in PAPER_SETTING.items())
     assert [r["rank"] for r in plans] == list(range(1, len(plans) + 1)) and any(r["pareto"] for r in plans)
+    (verdict,) = got.of("verdict")
+    assert verdict["status"] == "ok" and verdict["ratio_low"] <= verdict["ratio_central"] <= verdict["ratio_high"]
     write_context_records(tmp_path)
     again = read_all([tmp_path])
     assert len(again.of("plan")) == len(plans) and len(again.of("validation")) == len(got.of("validation"))
@@ -209,3 +211,31 @@ def test_read_all_reads_every_kind_in_one_pass(tmp_path):
     assert sorted(got.files) == sorted(want)
     assert [len(got.of(k)) for k in (None, "plan", "validation")] == [1, 1, 1]
     assert [(f.name, n, last) for f, n, last in got.bad] == [("results.jsonl", 2, False), ("results.jsonl", 3, True)]
+
+
+def test_an_implausible_verdict_is_marked_and_never_answers():
+    """A verdict record whose band is inverted or whose answer is not one of the three is written marked; the
+    report's first screen then gives no answer, and says why."""
+    from tspbench.record.kinds import VERDICTS, guard_kind
+    from tspbench.report.build import answer_of
+
+    good = {
+        "kind": "verdict",
+        "a": "TSP",
+        "b": "X",
+        "ratio_low": 0.9,
+        "ratio_central": 1.0,
+        "ratio_high": 1.1,
+        "verdict": VERDICTS[2],
+        "moves_most": "m",
+        "setting": "s",
+        "scenarios": 54,
+    }
+    assert guard_kind(good, "verdict")["status"] == "ok"
+    assert answer_of([guard_kind(good, "verdict")])["headline"].startswith("Within the model's error: TSP ÷ X")
+    inverted = guard_kind({**good, "ratio_low": 1.2}, "verdict")
+    wrong = guard_kind({**good, "verdict": "TSP wins"}, "verdict")
+    assert inverted["status"] == wrong["status"] == "implausible"
+    assert "does not hold" in inverted["reason"] and "is not one of" in wrong["reason"]
+    assert answer_of([inverted])["headline"].startswith("no answer")
+    assert answer_of([]) is None

@@ -17,6 +17,7 @@ from tspbench.config import ModelConfig
 from tspbench.parallel import MLP_EXCHANGES, RECOMPUTE, SP_VARIANTS, VOCAB, LayoutOptions, scheme
 from tspbench.predict.costmodel import PRICING, Pricing
 from tspbench.predict.planner import BATCHES, Layout, PlanRequest, plan
+from tspbench.predict.verdict import Comparison, compare, side_of
 
 EVERY_OPTION = LayoutOptions(
     sp_variants=SP_VARIANTS,
@@ -58,9 +59,12 @@ def ranked_per_scheme(
     options: LayoutOptions | Mapping[str, LayoutOptions] = EVERY_OPTION,
     recomputes: Sequence[str] = RECOMPUTE,
     batches: Sequence[int] = BATCHES,
+    headroom: bool = True,
 ) -> dict[str, list[Layout]]:
     """Scheme → its fitting layouts at the reading's group size, fastest first (the planner's ranking), over
-    `options` (one LayoutOptions for every scheme, or one per scheme name), `recomputes` and `batches`."""
+    `options` (one LayoutOptions for every scheme, or one per scheme name), `recomputes` and `batches`; a layout
+    fits with the planner's allocator reserve and runtime headroom (`headroom`; false: the whole device, the rule
+    before them)."""
     out: dict[str, list[Layout]] = {}
     for name in SIDES:
         opts = options.get(name, LayoutOptions()) if isinstance(options, Mapping) else options
@@ -77,6 +81,8 @@ def ranked_per_scheme(
             recomputes=tuple(recomputes),
             batches=tuple(batches),
         )
+        if not headroom:
+            req = replace(req, reserve=0.0, headroom=0.0)
         out[name] = plan(req)[0]
     return out
 
@@ -113,3 +119,15 @@ def describe(lay: Layout) -> str:
     inner = label[label.index("(") + 1 : -1] + "; " if label.endswith(")") else ""
     head = label[: label.index(" (")] if label.endswith(")") else label
     return f"{head} ({inner}{options_won(lay)})"
+
+
+def compare_best(reading: Reading, tsp: Layout, base: Layout) -> Comparison:
+    """The verdict (tspbench/predict/verdict.py) of TSP at its best against the strongest baseline at its best."""
+    sides = [
+        side_of(x, reading.model, reading.seq_len, reading.mode, reading.hardware, reading.gpus) for x in (tsp, base)
+    ]
+    setting = (
+        f"{reading.name}, {reading.model.name}, {reading.gpus:,} {reading.hardware} GPUs; each side's options as "
+        f"printed; `schedule` overlap rule at the central value"
+    )
+    return compare(sides[0], sides[1], describe(tsp), describe(base), setting)

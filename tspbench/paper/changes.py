@@ -21,7 +21,7 @@ from tspbench.paper.headline import GPUS_PER_REPLICA
 from tspbench.paper.setting import LLAMA7B, N_GPUS, SEQ_16K, SEQ_128K
 from tspbench.parallel import SP_VARIANTS, LayoutOptions
 from tspbench.predict.costmodel import Pricing, Workload, load_hardware, memory_breakdown
-from tspbench.predict.planner import Layout
+from tspbench.predict.planner import Layout, fits_device
 
 FIRST_OPTIONS: Mapping[str, LayoutOptions] = {
     "sp": LayoutOptions(sp_variants=SP_VARIANTS),
@@ -45,6 +45,9 @@ class State:
     fixed: bool = True
     """Full recompute and B = 1 for every side (the first headline's setting); false: recompute and micro-batch are
     among each side's options."""
+    headroom: bool = False
+    """Layouts fit with the planner's allocator reserve and runtime headroom (planner.fits_device); false: the whole
+    device (the first headline's rule)."""
     hsdp: bool = False
     """FSDP×SP's memory and time from one layout (HSDP, the shard group within the replica); false: memory from the
     replica's 8-way shard, time from unit collectives over every rank (the first headline's mismatch)."""
@@ -76,6 +79,7 @@ CHANGES: tuple[tuple[str, Callable[[State], State]], ...] = (
     ("links as the hardware has them (p − 1 xGMI links per p-GPU group)", _links),
     ("FSDP×SP as HSDP (memory and time of one layout)", lambda s: replace(s, hsdp=True)),
     ("each side's best: recompute, micro-batch and every option searched", _best_of_each),
+    ("fits with the allocator's reserve and the runtime's headroom", lambda s: replace(s, headroom=True)),
 )
 """Each change since the first headline, as what it does to the state."""
 
@@ -96,14 +100,14 @@ def sides(state: State, reading: Reading) -> tuple[Layout | None, Layout | None]
         options["fsdp_sp"] = replace(
             options.get("fsdp_sp", LayoutOptions()), dp_shards=(reading.gpus // reading.degree,)
         )
-    ranked = ranked_per_scheme(reading, state.pricing, options, **fixed)  # type: ignore[arg-type]
+    ranked = ranked_per_scheme(reading, state.pricing, options, headroom=state.headroom, **fixed)  # type: ignore[arg-type]
     if not state.hsdp:  # ... and memory from the replica's shard, refitted
         hw = load_hardware(reading.hardware)
         refit = []
         for lay in ranked["fsdp_sp"]:
             work = Workload(reading.model, reading.seq_len, lay.batch, mode=reading.mode)
             mem = memory_breakdown(replace(lay.par, dp_shard=1), work, kv_cache=False)["total"]
-            if mem <= hw.mem_bytes:
+            if fits_device(mem, hw.mem_bytes) if state.headroom else mem <= hw.mem_bytes:
                 refit.append(replace(lay, mem_bytes=mem))
         ranked["fsdp_sp"] = refit
     best = {name: (r[0] if r else None) for name, r in ranked.items()}

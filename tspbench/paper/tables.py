@@ -30,7 +30,13 @@ from tspbench.paper.setting import (
     MemorySetting,
     paper_layouts,
 )
-from tspbench.paper.throughput import crossover_table, paper_throughput_table, plausibility_173m, throughput_assumptions
+from tspbench.paper.throughput import (
+    crossover_table,
+    paper_throughput_table,
+    plausibility_173m,
+    table_verdict,
+    throughput_assumptions,
+)
 
 __all__ = [
     "DEGREE",
@@ -85,6 +91,11 @@ def _print_throughput() -> None:
     )
     print(df[cols].to_string(index=False))
     print("\n".join(throughput_assumptions()))
+    print(f"verdict of this table's setting: {table_verdict().sentence()}")
+    from tspbench.paper.headline import main_comparison
+
+    main = main_comparison()[1]
+    print(f"verdict of the headline's setting ({main.setting}): {main.sentence()}")
 
 
 def _print_plausibility() -> None:

@@ -25,6 +25,7 @@ from tspbench.predict.costmodel import (
     load_hardware,
     non_embedding_params,
 )
+from tspbench.predict.verdict import Comparison, Side, compare
 
 
 def _throughput_layouts(degree: int) -> list[tuple[str, ParallelConfig]]:
@@ -203,3 +204,23 @@ def crossover_table(
     df["crossover_tokens"] = crossover_tokens(model, degree)
     df.attrs["crossover_tokens_train"] = crossover_tokens(model, degree, mode="train")
     return df
+
+
+def table_verdict(
+    hw: str = "mi300x", n_gpus: int = N_GPUS, seq_len: int = SEQ_128K, degree: int = DEGREE
+) -> Comparison:
+    """The verdict (tspbench/predict/verdict.py) in `paper_throughput_table`'s own setting: forward, full model, B = 1,
+    each layout's defaults; TSP D=degree against the fastest same-size TP×SP layout under the `schedule` rule."""
+    work = Workload(LLAMA7B, seq_len, 1, mode="forward")
+    sides = {
+        name: Side(par, 1, work, hw, n_gpus)
+        for name, par in _throughput_layouts(degree)
+        if par.degree == degree and par.scheme in ("tsp", "tp_sp")
+    }
+    tsp = next(n for n in sides if sides[n].par.scheme == "tsp")
+    base = max((n for n in sides if n != tsp), key=lambda n: sides[n].tokens_per_s_per_gpu())
+    setting = (
+        f"paper throughput table: llama7b forward, S = {seq_len // 1024}K, {n_gpus:,} {hw} in replicas of {degree}, "
+        "B = 1, each layout's defaults, `schedule` rule at the central value"
+    )
+    return compare(sides[tsp], sides[base], tsp, base, setting)

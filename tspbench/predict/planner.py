@@ -9,11 +9,12 @@ dp = gpus / d that fills the cluster,
     fsdp_sp × {allgather, ring, ulysses}
 
 × every recompute mode × micro-batch sizes. A layout `tspbench.parallel.validate_parallel` refuses (heads that do
-not divide, Ulysses' head split, the zigzag, FSDP's row split) is dropped, and so is one whose closed-form peak memory
-(`memory_breakdown`: training, bf16 with fp32 AdamW master, m, v) exceeds the device's. The rest are ranked by
-predicted cluster tokens/s (`cluster_throughput` under the chosen overlap rule, docs/method.md#choice-overlap).
-Closed form only: about a millisecond per layout, no fake-tensor estimate (the slow test in tests/unit/test_plan.py
-checks the memory against the estimate on the paper's 8-GPU setting).
+not divide, Ulysses' head split, the zigzag, FSDP's row split) is dropped, and so is one whose closed-form peak
+memory (`memory_breakdown`: training, bf16 with fp32 AdamW master, m, v), with the allocator's reserve and the
+runtime's headroom on top (`fits_device`: ALLOCATOR_RESERVE, RUNTIME_HEADROOM, both stated assumptions), exceeds the
+device's. The rest are ranked by predicted cluster tokens/s (`cluster_throughput` under the chosen overlap rule,
+docs/method.md#choice-overlap). Closed form only: about a millisecond per layout, no fake-tensor estimate (the slow
+test in tests/unit/test_plan.py checks the memory against the estimate on the paper's 8-GPU setting).
 """
 
 from __future__ import annotations
@@ -42,6 +43,13 @@ from tspbench.predict.costmodel import (
     memory_breakdown,
 )
 
+ALLOCATOR_RESERVE = 0.10
+"""The caching allocator's reserve beyond the allocated peak, as a fraction of it (a stated assumption, not fitted:
+PyTorch's caching allocator rounds large blocks up and keeps freed segments cached, so its reserved peak exceeds the
+allocated one; docs/method.md#choice-peak-memory)."""
+RUNTIME_HEADROOM = 2e9
+"""Bytes of the device the model's allocations cannot use (a stated assumption: the CUDA / ROCm context and the
+NCCL / RCCL communicators' buffers, about 1 GB each)."""
 BATCHES = (1, 2, 4)
 """Micro-batch sizes (sequences per replica per step) tried by default."""
 MAX_DEGREE = 64
@@ -97,6 +105,10 @@ class PlanRequest:
     """The option axes enumerated (tspbench.parallel.layouts): K/V exchanges, Megatron-SP, vocabulary, buckets."""
     schemes: tuple[str, ...] = PLAN_ORDER
     """The schemes enumerated, in this order (ties in the ranking keep it)."""
+    reserve: float = ALLOCATOR_RESERVE
+    """The allocator's reserve, a fraction of the modelled peak, that must fit too (`fits_device`)."""
+    headroom: float = RUNTIME_HEADROOM
+    """Bytes of the device left to the runtime (`fits_device`)."""
     degrees: tuple[int, ...] = ()
     """Group sizes tried (each must divide gpus); empty: every d | gpus with d ≤ max_degree."""
     recomputes: tuple[str, ...] = RECOMPUTE
@@ -137,7 +149,7 @@ def plan(req: PlanRequest) -> tuple[list[Layout], int]:
             continue
         work = Workload(req.model, req.seq_len, b, mode=req.mode)
         mem = memory_breakdown(par, work, kv_cache=False)["total"]
-        if mem > hw.mem_bytes:
+        if not fits_device(mem, hw.mem_bytes, req.reserve, req.headroom):
             continue
         ct = cluster_throughput(par, work, hw, req.gpus, overlap=req.overlap, pricing=req.pricing)
         fits.append(
@@ -154,6 +166,14 @@ def plan(req: PlanRequest) -> tuple[list[Layout], int]:
         )
     fits.sort(key=lambda x: (-x.tokens_per_s_cluster, x.mem_bytes))
     return fits, len(cands)
+
+
+def fits_device(
+    mem_bytes: float, capacity: float, reserve: float = ALLOCATOR_RESERVE, headroom: float = RUNTIME_HEADROOM
+) -> bool:
+    """A layout fits when its modelled peak, with the allocator's reserve on top, leaves the runtime's headroom:
+    mem · (1 + reserve) + headroom ≤ capacity."""
+    return mem_bytes * (1.0 + reserve) + headroom <= capacity
 
 
 def margin_pct(ranked: list[Layout], i: int) -> float | None:

@@ -7,6 +7,8 @@
                  tokens/s > 0, a scheme tspbench.parallel knows
     validation   `kind: validation`, tspbench.predict.published.record: every number finite, `subset` calibration or
                  validation
+    verdict      `kind: verdict`, tspbench.predict.verdict.Comparison.record: every number finite, ratios > 0 with
+                 low ≤ central ≤ high, `verdict` one of the three answers
     calibration  one JSON object per file (conf/hardware/<name>.calibration.json, tspbench.predict.gpu_time): the
                  GEMM and attention efficiencies in (0, 1] of the bf16 peak
 
@@ -27,7 +29,9 @@ from tspbench.predict.costmodel.hardware import CALIBRATION_KEYS
 from tspbench.record.guards import guard as guard_run
 from tspbench.record.schema import STATUSES
 
-KINDS = ("run", "plan", "validation", "calibration")
+KINDS = ("run", "plan", "validation", "calibration", "verdict")
+VERDICTS = ("ahead", "behind", "within the model's error")
+"""tspbench/predict/verdict.py's three answers (kept equal by tests/unit/test_verdict.py)."""
 SUBSETS = ("calibration", "validation")
 PLAN_POSITIVE = ("mem_bytes", "tokens_per_s_cluster", "tokens_per_s_per_gpu")
 
@@ -85,10 +89,26 @@ def check_calibration(rec: dict[str, Any]) -> list[str]:
     return out
 
 
+def check_verdict(rec: dict[str, Any]) -> list[str]:
+    """Reasons a verdict record is implausible (empty: plausible): finite ratios > 0 with low ≤ central ≤ high, and
+    one of the three answers."""
+    out = _not_finite(rec)
+    lo, mid, hi = (rec.get(k) for k in ("ratio_low", "ratio_central", "ratio_high"))
+    nums = [v for v in (lo, mid, hi) if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    if len(nums) != 3 or not all(v > 0 for v in nums):
+        out.append(f"ratio_low, ratio_central, ratio_high = {lo!r}, {mid!r}, {hi!r} must be numbers > 0")
+    elif not lo <= mid <= hi:  # type: ignore[operator]
+        out.append(f"ratio_low {lo:g} ≤ ratio_central {mid:g} ≤ ratio_high {hi:g} does not hold")
+    if rec.get("verdict") not in VERDICTS:
+        out.append(f"verdict={rec.get('verdict')!r} is not one of {', '.join(VERDICTS)}")
+    return out
+
+
 CHECKS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "plan": check_plan,
     "validation": check_validation,
     "calibration": check_calibration,
+    "verdict": check_verdict,
 }
 
 
@@ -112,7 +132,8 @@ def guard_kind(rec: dict[str, Any], kind: str) -> dict[str, Any]:
     if not isinstance(rec, dict):
         raise ValueError(f"a {kind} record must be a JSON object, got {type(rec).__name__}")
     own = rec.get("kind")
-    expected = kind if kind in ("plan", "validation") else None  # run and calibration records carry no `kind`
+    # run and calibration records carry no `kind`
+    expected = kind if kind in ("plan", "validation", "verdict") else None
     if own != expected:
         raise ValueError(f"a record of kind {own!r} passed as kind {kind!r}")
     if kind == "run":

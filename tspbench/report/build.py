@@ -178,6 +178,29 @@ class Built:
     claim_rows: list[dict]
 
 
+def answer_of(records: list[dict]) -> dict | None:
+    """The first screen's answer to "does TSP win, against what, by how much, how sure" from the verdict records
+    (tspbench/predict/verdict.py via tspbench/run/context.py); None without one. An implausible record is shown
+    as such, never as an answer."""
+    good = [r for r in records if r.get("status") == "ok"]
+    if not good:
+        if records:
+            return {
+                "headline": "no answer: the verdict record is implausible",
+                "detail": records[0].get("reason", ""),
+                "setting": records[0].get("setting", ""),
+            }
+        return None
+    r = good[0]
+    return {
+        "headline": f"{r['verdict'][0].upper()}{r['verdict'][1:]}: TSP ÷ {r['b']} = {r['ratio_central']:.2f}× "
+        f"(band {r['ratio_low']:.2f}–{r['ratio_high']:.2f}).",
+        "detail": f"TSP at its best, {r['a']}, against the strongest baseline at its best, {r['b']}, over "
+        f"{r['scenarios']} shared scenarios of kernel efficiency, link efficiency and overlap; {r['moves_most']}.",
+        "setting": r["setting"],
+    }
+
+
 def make_report(
     paths: list[str | Path],
     out: Path | None = None,
@@ -226,6 +249,7 @@ def make_report(
         claims_source=claims_source,
         groups=groups,
         verdict=verdict(groups, claims_source),
+        answer=answer_of(inputs.of("verdict")),
         labels_legend=LABELS_LEGEND.format(pct=WITHIN_PCT),
         schemes=list(SCHEME_REGISTRY.values()),
         within_pct=WITHIN_PCT,

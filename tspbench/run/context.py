@@ -7,12 +7,15 @@ tspbench.record.store.write_records (atomic, each record guarded: docs/records.m
 
     <out_dir>/validation.jsonl  the cost model against every row of conf/published (tspbench.predict.published),
                                 as `python -m tspbench.validate out=<out_dir>/validation.jsonl` writes it
+    <out_dir>/verdict.jsonl     the verdict of TSP at its best against the strongest baseline at its best in the
+                                README headline's setting (tspbench.paper.headline.main_comparison;
+                                docs/method.md#verdict), what the report's first screen answers with
     <out_dir>/plan.jsonl        the planner's fitting layouts on the paper's setting (predict/planner.py
                                 PAPER_SETTING: llama7b, 128K, 1,024 MI300X) under the `schedule` overlap rule, as
                                 `python -m tspbench.plan model=llama7b seq_len=131072 gpus=1024 hardware=mi300x
                                 out=<out_dir>/plan.jsonl` writes them
 
-Closed form both: about two seconds together, no device.
+Closed form all three: a few seconds together, no device.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from tspbench.record.store import write_records
 
 VALIDATION_FILE = "validation.jsonl"
 PLAN_FILE = "plan.jsonl"
+VERDICT_FILE = "verdict.jsonl"
 PLAN_OVERLAP = "schedule"
 """The overlap rule of the paper setting's plan (the planner's default; docs/method.md#choice-overlap)."""
 
@@ -45,11 +49,19 @@ def paper_plan_records() -> list[dict[str, Any]]:
     return plan_records(ranked, **s, overlap=PLAN_OVERLAP)
 
 
+def verdict_records() -> list[dict[str, Any]]:
+    """The headline's verdict as a record (docs/records.md#verdict-records)."""
+    from tspbench.paper.headline import main_comparison
+
+    return [main_comparison()[1].record()]
+
+
 def write_context_records(out_dir: Path) -> list[Path]:
-    """Write `out_dir`/validation.jsonl and `out_dir`/plan.jsonl (replacing earlier ones, atomically) and return
-    their paths, to be given to the report with the run records (tspbench.report.finish)."""
+    """Write `out_dir`/validation.jsonl, plan.jsonl and verdict.jsonl (replacing earlier ones, atomically) and
+    return their paths, to be given to the report with the run records (tspbench.report.finish)."""
     out_dir = Path(out_dir)
-    validation, plans = out_dir / VALIDATION_FILE, out_dir / PLAN_FILE
+    validation, plans, verdicts = out_dir / VALIDATION_FILE, out_dir / PLAN_FILE, out_dir / VERDICT_FILE
     write_records(validation, validation_records(), kind="validation")
     write_records(plans, paper_plan_records(), kind="plan")
-    return [validation, plans]
+    write_records(verdicts, verdict_records(), kind="verdict")
+    return [validation, plans, verdicts]
