@@ -17,6 +17,7 @@ from typing import Any
 
 from tspbench import cli
 from tspbench.config import GIB_TO_GB, ConfigError
+from tspbench.predict.fit import fit_summaries
 from tspbench.predict.published import default_files, load_rows, record, summary
 from tspbench.record.store import write_records
 
@@ -24,7 +25,7 @@ PRINTED = {"peak_mem_gib": ("peak_mem_gb", GIB_TO_GB)}
 """Quantities printed in another unit than the record's: memory is stored in GiB and printed in GB."""
 
 
-def render(records: list[dict[str, Any]]) -> str:
+def render(records: list[dict[str, Any]], fits: list[dict[str, Any]] | None = None) -> str:
     lines = [f"{'row':34s} {'subset':11s} {'quantity':21s} {'published':>10s} {'predicted':>10s} {'error':>8s}"]
     for r in records:
         if r["status"] == "out_of_scope":
@@ -50,6 +51,25 @@ def render(records: list[dict[str, Any]]) -> str:
             lines.append(
                 f"{subset:11s} {name:21s} n={s['n']:<3d} median |error| {s['median_abs_pct']:5.1f}%  "
                 f"worst {s['worst_abs_pct']:5.1f}%"
+            )
+    lines += ["", "fit on calibration rows only (tspbench/predict/fit.py; the headline keeps the a-priori constants):"]
+    for f in fits or []:
+        if f["values"] is None:
+            lines.append(
+                f"  stack {f['stack']}: fewer than two in-scope calibration rows with tokens/s: nothing fitted"
+            )
+            continue
+        vals = ", ".join(f"{k} = {v:.2f}" for k, v in f["values"].items())
+        lines.append(f"  stack {f['stack']}: {vals} from {len(f['rows'])} calibration rows (tokens/s, log least sq.)")
+        for rid in f["rows"]:
+            before, after = f["before_pct"][rid], f["residuals_pct"][rid]
+            lines.append(f"    {rid:34s} a priori {before:+7.1f}%   fitted residual {after:+7.1f}%")
+        if f["validation"]:
+            v = f["validation"]
+            lines.append(
+                f"  validation rows of stack {f['stack']} (n={v['n']}), tokens/s |error|: a priori median "
+                f"{v['median_before']:.1f}% worst {v['worst_before']:.1f}%; fitted median {v['median_after']:.1f}% "
+                f"worst {v['worst_after']:.1f}%"
             )
     return "\n".join(lines)
 
@@ -82,11 +102,12 @@ def main(argv: list[str] | None = None) -> int:
         for f in files:
             if not f.is_file():
                 raise ConfigError(f"FILE {f} does not exist; give YAML files shaped like conf/published/*.yaml")
-        records = [record(r) for r in load_rows(files)]
+        rows = load_rows(files)
+        records = [record(r) for r in rows]
     except (ConfigError, ValueError) as e:
         print(f"tspbench.validate: {e}", file=sys.stderr)
         return 2
-    print(render(records))
+    print(render(records, fit_summaries(rows)))
     out = Path(vc.out)
     written = write_records(out, records, kind="validation")  # atomic, each record guarded (record/kinds.py)
     bad = [r for r in written if r.get("status") == "implausible"]

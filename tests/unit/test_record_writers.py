@@ -239,3 +239,17 @@ def test_an_implausible_verdict_is_marked_and_never_answers():
     assert "does not hold" in inverted["reason"] and "is not one of" in wrong["reason"]
     assert answer_of([inverted])["headline"].startswith("no answer")
     assert answer_of([]) is None
+
+
+def test_the_report_answers_from_the_verdict_record(tmp_path):
+    """The report's first screen says whether TSP wins, against what, by how much and how sure, and its trust
+    section names the input that moves the throughput verdict most: both read off the verdict record."""
+    from tspbench.report.build import build_report
+    from tspbench.run.context import write_context_records
+
+    html = build_report(write_context_records(tmp_path), tmp_path / "r.html").read_text()
+    (verdict,) = read_all([tmp_path]).of("verdict")
+    first = html.split('id="does-tsp-win"', 1)[1].split("</div>", 1)[0]
+    assert "Does TSP win?" in first and f"{verdict['ratio_central']:.2f}×" in first
+    assert f"band {verdict['ratio_low']:.2f}–{verdict['ratio_high']:.2f}" in first
+    assert 'id="trust-moves"' in html and "moves it most" in html.split('id="trust-moves"', 1)[1][:600]

@@ -17,7 +17,7 @@ from tspbench.config import ModelConfig
 from tspbench.parallel import MLP_EXCHANGES, RECOMPUTE, SP_VARIANTS, VOCAB, LayoutOptions, scheme
 from tspbench.predict.costmodel import PRICING, Pricing
 from tspbench.predict.planner import BATCHES, Layout, PlanRequest, plan
-from tspbench.predict.verdict import Comparison, compare, side_of
+from tspbench.predict.verdict import Comparison, Side, compare, side_of
 
 EVERY_OPTION = LayoutOptions(
     sp_variants=SP_VARIANTS,
@@ -119,6 +119,12 @@ def describe(lay: Layout) -> str:
     inner = label[label.index("(") + 1 : -1] + "; " if label.endswith(")") else ""
     head = label[: label.index(" (")] if label.endswith(")") else label
     return f"{head} ({inner}{options_won(lay)})"
+
+
+def sides_of(reading: Reading, *lays: Layout) -> list[Side]:
+    """The verdict's Sides of layouts at a reading."""
+    r = reading
+    return [side_of(x, r.model, r.seq_len, r.mode, r.hardware, r.gpus) for x in lays]
 
 
 def compare_best(reading: Reading, tsp: Layout, base: Layout) -> Comparison:

@@ -25,7 +25,9 @@ print. Memory is GiB here (the records' unit); printed, it is GB.
 
 from __future__ import annotations
 
+import functools
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +38,7 @@ from tspbench.config import GIB, ModelConfig
 from tspbench.parallel import ParallelConfig
 from tspbench.paths import conf_dir
 from tspbench.predict.costmodel import Workload, cluster_throughput, flops_per_token, load_hardware, memory_breakdown
+from tspbench.predict.costmodel.hardware import HardwareProfile
 
 QUANTITIES = ("tokens_per_s_per_gpu", "mfu_pct", "peak_mem_gib", "step_s")
 FLOPS_CONVENTIONS = ("palm", "megatron_eq3")
@@ -134,13 +137,22 @@ def memory_parallel(row: Row, par: ParallelConfig) -> ParallelConfig:
     return par
 
 
-def predict(row: Row) -> dict[str, float | None]:
-    """The cost model's tokens/s per GPU, MFU (%) and peak memory (GiB) for one row."""
+@functools.cache
+def _profile(name: str) -> HardwareProfile:
+    """conf/hardware/<name>.yaml, read once per process (predict never mutates it; overrides replace a copy)."""
+    return load_hardware(name)
+
+
+def predict(row: Row, hardware: Callable[[HardwareProfile], HardwareProfile] | None = None) -> dict[str, float | None]:
+    """The cost model's tokens/s per GPU, MFU (%) and peak memory (GiB) for one row; `hardware` replaces constants of
+    the row's profile (tspbench/predict/fit.py's fitted ones), None: the profile as it is."""
     model = ModelConfig(**row.model)
     lay = {k: v for k, v in row.layout.items() if k not in ("fsdp", "overlap")}
     degree = int(lay.get("degree", 1))
     par = ParallelConfig(recompute=row.recompute, dp=max(1, row.gpus // degree), **lay)
-    hw = load_hardware(row.hardware)
+    hw = _profile(row.hardware)
+    if hardware is not None:
+        hw = hardware(hw)
     overlap = row.layout.get("overlap", "ideal" if row.layout.get("fsdp") else "none")
     work = Workload(model, row.seq_len, row.micro_batch, mode="train")
     ct = cluster_throughput(par, work, hw, row.gpus, overlap=overlap)

@@ -259,7 +259,7 @@ def make_report(
         figures=[f for f in figures if f["src"]],
         empty_figures=[f for f in figures if not f["src"]],
         failures=failure_rows(df),
-        trust=trust_section(inputs.of("validation")),
+        trust=trust_section(inputs.of("validation"), inputs.of("verdict")),
         pareto=pareto_section(inputs.of("plan")),
         runs=runs,
         configs=configs,

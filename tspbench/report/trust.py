@@ -116,9 +116,26 @@ def _rows(recs: list[dict[str, Any]]) -> list[str]:
     return out
 
 
-def trust_section(recs: list[dict[str, Any]]) -> Markup:
-    """The section's HTML from validation records; without any, one line naming the command that writes them."""
-    out = ['<h2 id="trust">How far to trust the predictions</h2>']
+def _moves(verdicts: list[dict[str, Any]]) -> list[str]:
+    """Per claim the verdict answers, which uncertain input moves it most (from the verdict records)."""
+    out = []
+    for v in verdicts:
+        if v.get("status") != "ok":
+            continue
+        out.append(
+            '<p class="moves" id="trust-moves">The throughput claims (TSP against the strongest baseline, '
+            f"{escape(str(v.get('setting', '')))}): {escape(str(v.get('moves_most', '')))}; its band over every "
+            f"input is {v['ratio_low']:.2f}–{v['ratio_high']:.2f} (docs/method.md#verdict). The memory claims carry "
+            "no band yet: the allocator (allocated vs reserved) is not modelled, and the published memory rows "
+            "mostly do not say which memory they report.</p>"
+        )
+    return out
+
+
+def trust_section(recs: list[dict[str, Any]], verdicts: list[dict[str, Any]] | None = None) -> Markup:
+    """The section's HTML from validation records (and, per claim, what moves it most from the verdict records);
+    without validation records, one line naming the command that writes them."""
+    out = ['<h2 id="trust">How far to trust the predictions</h2>', *_moves(verdicts or [])]
     recs = latest_rows(recs)
     if not recs:
         out.append(

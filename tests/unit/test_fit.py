@@ -1,0 +1,47 @@
+"""The fit on calibration rows (tspbench/predict/fit.py, docs/method.md#fit): only calibration rows move the fitted
+constants, a validation row never does, and `python -m tspbench.validate` prints the fit's inputs and residuals."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from tspbench.predict.fit import FITTED, QUANTITY, calibration_rows, fit
+from tspbench.predict.published import default_files, load_rows
+
+ROWS = load_rows(default_files())
+
+
+def _scaled(rows, subset: str, factor: float):
+    """The rows with every in-scope `subset` row's published tokens/s scaled by `factor`."""
+    out = []
+    for r in rows:
+        if r.subset == subset and not r.out_of_scope and QUANTITY in r.measured:
+            r = replace(r, measured={**r.measured, QUANTITY: r.measured[QUANTITY] * factor})
+        out.append(r)
+    return out
+
+
+def test_fit_uses_calibration_rows_only():
+    f = fit(ROWS)
+    assert f is not None and set(f.values) == set(FITTED)
+    ids = {r.id: r for r in ROWS}
+    assert f.rows and all(ids[i].subset == "calibration" and not ids[i].out_of_scope for i in f.rows)
+    assert set(f.rows) == {r.id for r in calibration_rows(ROWS, "eager")}
+    assert all(0.05 <= v <= 1.0 for v in f.values.values())
+
+
+def test_a_validation_row_never_moves_a_fitted_value_and_a_calibration_row_does():
+    base = fit(ROWS)
+    assert base is not None
+    assert fit(_scaled(ROWS, "validation", 3.0)) == base  # validation rows changed threefold: the same fit
+    moved = fit(_scaled(ROWS, "calibration", 1.5))
+    assert moved is not None and moved.values != base.values  # non-vacuous: the inputs do reach the fit
+
+
+def test_validate_prints_the_fit_and_its_residuals(capsys, tmp_path):
+    from tspbench.validate import main
+
+    assert main([f"out={tmp_path / 'v.jsonl'}"]) == 0
+    out = capsys.readouterr().out
+    assert "fit on calibration rows only" in out and "fitted residual" in out
+    assert "validation rows of stack eager" in out

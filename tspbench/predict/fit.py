@@ -1,0 +1,139 @@
+"""Fitting a small, named set of constants on the calibration rows only (docs/method.md#fit).
+
+The cost model's a-priori constants (conf/hardware: `matmul_efficiency`, and the attention kernel at the GEMM
+efficiency) are stated assumptions. This module fits, per implementation stack (`Row.stack`; "" reads as eager
+PyTorch), the two kernel-class efficiencies
+
+    gemm_efficiency       the profile's `matmul_efficiency`: every GEMM of the step
+    attention_efficiency  the attention kernel's forward and backward (HardwareProfile.attention_*_efficiency)
+
+on the in-scope **calibration** rows that publish tokens/s per GPU, by least squares on log(predicted ÷ published)
+(a grid of 0.05 from 0.10 to 0.95, then of 0.01 around the best point; deterministic, no solver). The validation
+rows never enter: `fit` filters on `subset`, and tests/unit/test_fit.py changes a validation row's published number
+and requires the fitted values to stay the same (and a calibration row's to move them). `python -m tspbench.validate`
+prints the fit's inputs, values and residuals, and the validation errors under the fitted constants beside the
+a-priori ones; the headline and the planner keep the a-priori constants.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from tspbench.predict.costmodel.hardware import HardwareProfile
+from tspbench.predict.published import Row, predict
+
+FITTED = ("gemm_efficiency", "attention_efficiency")
+"""The named constants a fit may set, per stack."""
+QUANTITY = "tokens_per_s_per_gpu"
+"""The published quantity fitted to."""
+COARSE = [round(0.10 + 0.05 * i, 2) for i in range(18)]
+"""The first grid, 0.10 … 0.95."""
+
+
+def stack_of(row: Row) -> str:
+    """The row's implementation stack; unstated reads as eager PyTorch."""
+    return row.stack or "eager"
+
+
+def calibration_rows(rows: Iterable[Row], stack: str) -> list[Row]:
+    """The rows a fit for `stack` may use: in scope, calibration subset, publishing tokens/s per GPU."""
+    return [
+        r
+        for r in rows
+        if r.subset == "calibration" and not r.out_of_scope and QUANTITY in r.measured and stack_of(r) == stack
+    ]
+
+
+def with_constants(gemm: float, attention: float):
+    """A hardware override setting the two fitted constants."""
+
+    def apply(hw: HardwareProfile) -> HardwareProfile:
+        return replace(
+            hw, matmul_efficiency=gemm, attention_forward_efficiency=attention, attention_backward_efficiency=attention
+        )
+
+    return apply
+
+
+def _loss(rows: list[Row], gemm: float, attention: float) -> float:
+    override = with_constants(gemm, attention)
+    out = 0.0
+    for r in rows:
+        pred = predict(r, override)[QUANTITY]
+        out += math.log(pred / r.measured[QUANTITY]) ** 2 if pred else math.inf
+    return out
+
+
+def _best(rows: list[Row], gemms: list[float], attns: list[float]) -> tuple[float, float]:
+    scored = [(_loss(rows, g, a), g, a) for g in gemms for a in attns]
+    _, g, a = min(scored)
+    return g, a
+
+
+@dataclass(frozen=True)
+class Fit:
+    """One stack's fitted constants, what they were fitted on, and the residuals."""
+
+    stack: str
+    """The implementation stack."""
+    values: dict[str, float]
+    """FITTED name → value (fraction of the bf16 peak)."""
+    rows: tuple[str, ...]
+    """The calibration rows used (ids)."""
+    before_pct: dict[str, float]
+    """Row id → signed tokens/s error with the a-priori constants."""
+    residuals_pct: dict[str, float]
+    """Row id → signed tokens/s error with the fitted constants."""
+
+
+def fit(rows: Iterable[Row], stack: str = "eager") -> Fit | None:
+    """The constants of `stack` fitted on its calibration rows (None: fewer than two such rows)."""
+    cal = calibration_rows(rows, stack)
+    if len(cal) < 2:
+        return None
+    g, a = _best(cal, COARSE, COARSE)
+    fine = lambda c: [round(c + 0.01 * i, 2) for i in range(-5, 6) if 0.05 <= c + 0.01 * i <= 1.0]  # noqa: E731
+    g, a = _best(cal, fine(g), fine(a))
+    override = with_constants(g, a)
+    err = lambda pred, r: 100.0 * (pred - r.measured[QUANTITY]) / r.measured[QUANTITY]  # noqa: E731
+    return Fit(
+        stack,
+        {"gemm_efficiency": g, "attention_efficiency": a},
+        tuple(r.id for r in cal),
+        {r.id: err(predict(r)[QUANTITY], r) for r in cal},
+        {r.id: err(predict(r, override)[QUANTITY], r) for r in cal},
+    )
+
+
+def fit_summaries(rows: list[Row]) -> list[dict[str, Any]]:
+    """Per stack of the in-scope rows: the fit (None values: nothing fitted), and the validation rows' tokens/s
+    |error| (%) under the a-priori and the fitted constants (n, median and worst of each), for printing."""
+    out: list[dict[str, Any]] = []
+    for stack in sorted({stack_of(r) for r in rows if not r.out_of_scope}):
+        f = fit(rows, stack)
+        item: dict[str, Any] = {"stack": stack, "values": None, "validation": None}
+        out.append(item)
+        if f is None:
+            continue
+        item.update(values=f.values, rows=f.rows, before_pct=f.before_pct, residuals_pct=f.residuals_pct)
+        held = [
+            r
+            for r in rows
+            if r.subset == "validation" and not r.out_of_scope and stack_of(r) == stack and QUANTITY in r.measured
+        ]
+        if held:
+            over = with_constants(f.values["gemm_efficiency"], f.values["attention_efficiency"])
+            err = lambda r, hw=None: abs(predict(r, hw)[QUANTITY] / r.measured[QUANTITY] - 1) * 100  # noqa: E731
+            before, after = [err(r) for r in held], [err(r, over) for r in held]
+            item["validation"] = {
+                "n": len(held),
+                "median_before": statistics.median(before),
+                "worst_before": max(before),
+                "median_after": statistics.median(after),
+                "worst_after": max(after),
+            }
+    return out
