@@ -18,7 +18,7 @@ from typing import Any
 from tspbench import cli
 from tspbench.config import GIB_TO_GB, ConfigError
 from tspbench.predict.fit import fit_summaries
-from tspbench.predict.published import default_files, load_rows, record, summary
+from tspbench.predict.published import LONG_SEQ, default_files, load_rows, record, summary
 from tspbench.record.store import write_records
 
 PRINTED = {"peak_mem_gib": ("peak_mem_gb", GIB_TO_GB)}
@@ -52,6 +52,13 @@ def render(records: list[dict[str, Any]], fits: list[dict[str, Any]] | None = No
                 f"{subset:11s} {name:21s} n={s['n']:<3d} median |error| {s['median_abs_pct']:5.1f}%  "
                 f"worst {s['worst_abs_pct']:5.1f}%"
             )
+    for subset, per_q in summary(records, long=True).items():
+        for q, s in per_q.items():
+            name = PRINTED.get(q, (q,))[0]
+            lines.append(
+                f"{subset:11s} {name:21s} n={s['n']:<3d} median |error| {s['median_abs_pct']:5.1f}%  "
+                f"worst {s['worst_abs_pct']:5.1f}%  (rows at S ≥ {LONG_SEQ // 1024}K only)"
+            )
     lines += ["", "fit on calibration rows only (tspbench/predict/fit.py; the headline keeps the a-priori constants):"]
     for f in fits or []:
         if f["values"] is None:
@@ -71,6 +78,11 @@ def render(records: list[dict[str, Any]], fits: list[dict[str, Any]] | None = No
                 f"{v['median_before']:.1f}% worst {v['worst_before']:.1f}%; fitted median {v['median_after']:.1f}% "
                 f"worst {v['worst_after']:.1f}%"
             )
+            if v.get("n_long"):
+                lines.append(
+                    f"    of which at S ≥ {LONG_SEQ // 1024}K (n={v['n_long']}): a priori median "
+                    f"{v['median_before_long']:.1f}%; fitted median {v['median_after_long']:.1f}%"
+                )
     return "\n".join(lines)
 
 

@@ -45,3 +45,4 @@ def test_validate_prints_the_fit_and_its_residuals(capsys, tmp_path):
     out = capsys.readouterr().out
     assert "fit on calibration rows only" in out and "fitted residual" in out
     assert "validation rows of stack eager" in out
+    assert "(rows at S ≥ 16K only)" in out and "of which at S ≥ 16K" in out  # the long-sequence rows on their own

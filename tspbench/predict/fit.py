@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from tspbench.predict.costmodel.hardware import HardwareProfile
-from tspbench.predict.published import Row, predict
+from tspbench.predict.published import LONG_SEQ, Row, predict
 
 FITTED = ("gemm_efficiency", "attention_efficiency")
 """The named constants a fit may set, per stack."""
@@ -136,4 +136,11 @@ def fit_summaries(rows: list[Row]) -> list[dict[str, Any]]:
                 "median_after": statistics.median(after),
                 "worst_after": max(after),
             }
+            long = [i for i, r in enumerate(held) if r.seq_len >= LONG_SEQ]
+            if long:
+                item["validation"].update(
+                    n_long=len(long),
+                    median_before_long=statistics.median(before[i] for i in long),
+                    median_after_long=statistics.median(after[i] for i in long),
+                )
     return out

@@ -209,9 +209,14 @@ def record(row: Row) -> dict[str, Any]:
     return rec
 
 
-def summary(records: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, float]]]:
-    """Median and worst absolute error (%) and row count per subset and quantity."""
+LONG_SEQ = 16384
+"""Rows at this sequence length or more are also summarised on their own (`summary(long=True)`)."""
+
+
+def summary(records: list[dict[str, Any]], long: bool = False) -> dict[str, dict[str, dict[str, float]]]:
+    """Median and worst absolute error (%) and row count per subset and quantity (`long`: rows at S ≥ LONG_SEQ)."""
     out: dict[str, dict[str, dict[str, float]]] = {}
+    records = [r for r in records if not long or r["seq_len"] >= LONG_SEQ]
     for subset in SUBSETS:
         for q in QUANTITIES:
             errs = [abs(r["error_pct"][q]) for r in records if r["subset"] == subset and q in r["error_pct"]]
