@@ -35,8 +35,9 @@ FSDP = _side(ParallelConfig(scheme="fsdp_sp", degree=8, sp_variant="ulysses", re
 
 def test_every_combination_of_the_ranges_is_a_scenario():
     s = scenarios()
-    assert len(s) == 54 == len(set(s)) and CENTRAL in s
-    assert {x.overlap for x in s} == {"schedule", "ideal"} and [r.name for r in RANGES][-1] == "overlap"
+    assert len(s) == 108 == len(set(s)) and CENTRAL in s
+    assert {x.overlap for x in s} == {"schedule", "ideal"} and {x.kernels for x in s} == {"flat", "shape"}
+    assert [r.name for r in RANGES][-2:] == ["overlap", "kernel pricing"]
 
 
 def test_band_prices_both_sides_under_the_same_scenario():

@@ -68,7 +68,7 @@ def headline_markdown() -> str:
         f"runs at {tsp.tokens_per_s_per_gpu:,.0f} tokens/s per GPU; the strongest baseline, {describe(base)}, needs "
         f"{base.mem_bytes / 1e9:.1f} GB and runs at {base.tokens_per_s_per_gpu:,.0f}. **Verdict: "
         f"{main.verdict}** — TSP ÷ it = {main.band} over {len(scenarios())} shared scenarios of GEMM and attention "
-        f"efficiency, link efficiency and overlap (docs/method.md#verdict); {main.moves_most}."
+        f"efficiency, link efficiency, overlap and kernel-shape pricing (docs/method.md#verdict); {main.moves_most}."
     )
     fitted = fit(load_rows(default_files()), "eager")
     if fitted is not None:

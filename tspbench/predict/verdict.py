@@ -4,7 +4,8 @@ Every modelled number rests on inputs the model cannot pin down (docs/method.md#
 attention kernel's efficiency, how much of the links' rate the collectives reach, and how much communication the
 runtime really hides (between what the code's issue order lets it hide, `schedule`, and the bound, `ideal`). Each has
 a documented range (`RANGES`). A ratio between two layouts is computed under the SAME assumptions for both sides, for
-every combination of the ranges' low, central and high values (`scenarios`: 3 × 3 × 3 × 2 = 54 shared scenarios),
+every combination of the ranges' low, central and high values (`scenarios`: 3 × 3 × 3 × 2 × 2 = 108 shared
+scenarios),
 never the low of one side over the high of the other; its band is the least and the greatest of those ratios, its
 central value the ratio under the central assumptions (the hardware profile as it is, `schedule`: the number every
 table prints). Then
@@ -94,6 +95,15 @@ RANGES: tuple[Range, ...] = (
         source="between what the code's issue order hides (`schedule`, docs/method.md#choice-overlap) and the bound "
         "max(compute, communication) (`ideal`)",
     ),
+    Range(
+        "kernel pricing",
+        "flat",
+        "shape",
+        central="flat",
+        source="one efficiency per kernel class (`flat`) or each call at its own shape's published efficiency with "
+        "wave quantisation (`shape`, tspbench/predict/costmodel/kernels.py: TSP's per-owner chunks and K/V buckets, "
+        "ring's hop blocks, Ulysses' full-length calls priced apart)",
+    ),
 )
 """The uncertain inputs and their documented ranges (docs/method.md#verdict)."""
 
@@ -110,6 +120,8 @@ class Scenario:
     """Factor on the profile's link, NIC and collective efficiencies (capped at LINK_MAX)."""
     overlap: str
     """The overlap rule: schedule or ideal."""
+    kernels: str = "flat"
+    """Pricing.kernels: flat or shape."""
 
     def hardware(self, hw: HardwareProfile) -> HardwareProfile:
         """The profile under these assumptions."""
@@ -132,27 +144,30 @@ CENTRAL = Scenario(None, None, 1.0, "schedule")
 
 
 def scenarios() -> list[Scenario]:
-    """Every combination of each range's low, central and high (overlap: schedule, ideal): 54 shared scenarios."""
-    gemm, attn, link, overlap = RANGES
+    """Every combination of each range's low, central and high (overlap: schedule, ideal; kernel pricing: flat,
+    shape): 3 × 3 × 3 × 2 × 2 = 108 shared scenarios."""
+    gemm, attn, link, overlap, kernels = RANGES
     return [
-        Scenario(g, a, k, o)
-        for g, a, k, o in itertools.product(
+        Scenario(g, a, k, o, kp)
+        for g, a, k, o, kp in itertools.product(
             (gemm.low, None, gemm.high),
             (attn.low, None, attn.high),
             (link.low, 1.0, link.high),
             (overlap.low, overlap.high),
+            (kernels.low, kernels.high),
         )
     ]
 
 
 def _alone() -> dict[str, list[Scenario]]:
     """Each input varied alone over its range, the others central (for `sensitivity`)."""
-    gemm, attn, link, overlap = RANGES
+    gemm, attn, link, overlap, kernels = RANGES
     return {
         gemm.name: [replace(CENTRAL, gemm=v) for v in (gemm.low, gemm.high)],
         attn.name: [replace(CENTRAL, attention=v) for v in (attn.low, attn.high)],
         link.name: [replace(CENTRAL, link=v) for v in (link.low, link.high)],
         overlap.name: [replace(CENTRAL, overlap=overlap.high)],
+        kernels.name: [replace(CENTRAL, kernels=kernels.high)],
     }
 
 
@@ -177,7 +192,8 @@ class Side:
         """Modelled tokens/s per GPU under scenario `s`."""
         hw = s.hardware(load_hardware(self.hardware))
         work = replace(self.work, batch=self.batch)
-        ct = cluster_throughput(self.par, work, hw, self.gpus, overlap=s.overlap, pricing=self.pricing)
+        pricing = replace(self.pricing, kernels=s.kernels)
+        ct = cluster_throughput(self.par, work, hw, self.gpus, overlap=s.overlap, pricing=pricing)
         return ct["tokens_per_s_per_device"]
 
 

@@ -196,7 +196,8 @@ def answer_of(records: list[dict]) -> dict | None:
         "headline": f"{r['verdict'][0].upper()}{r['verdict'][1:]}: TSP ÷ {r['b']} = {r['ratio_central']:.2f}× "
         f"(band {r['ratio_low']:.2f}–{r['ratio_high']:.2f}).",
         "detail": f"TSP at its best, {r['a']}, against the strongest baseline at its best, {r['b']}, over "
-        f"{r['scenarios']} shared scenarios of kernel efficiency, link efficiency and overlap; {r['moves_most']}.",
+        f"{r['scenarios']} shared scenarios of kernel efficiency, link efficiency, overlap and kernel-shape pricing; "
+        f"{r['moves_most']}.",
         "setting": r["setting"],
     }
 
