@@ -68,6 +68,11 @@ def render(records: list[dict[str, Any]], fits: list[dict[str, Any]] | None = No
             continue
         vals = ", ".join(f"{k} = {v:.2f}" for k, v in f["values"].items())
         lines.append(f"  stack {f['stack']}: {vals} from {len(f['rows'])} calibration rows (tokens/s, log least sq.)")
+        if f["at_bound"]:
+            lines.append(
+                "    AT THE SEARCH'S BOUND: these rows do not determine the constants (or the model's structure does "
+                "not fit them); the validation errors below are no evidence"
+            )
         for rid in f["rows"]:
             before, after = f["before_pct"][rid], f["residuals_pct"][rid]
             lines.append(f"    {rid:34s} a priori {before:+7.1f}%   fitted residual {after:+7.1f}%")

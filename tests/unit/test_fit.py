@@ -46,3 +46,25 @@ def test_validate_prints_the_fit_and_its_residuals(capsys, tmp_path):
     assert "fit on calibration rows only" in out and "fitted residual" in out
     assert "validation rows of stack eager" in out
     assert "(rows at S ≥ 16K only)" in out and "of which at S ≥ 16K" in out  # the long-sequence rows on their own
+
+
+def test_a_stack_shares_eagers_attention_kernel_and_float8_runs_gemms_at_the_fp8_peak():
+    """A non-eager stack fits its GEMM efficiency alone, with eager's attention constant (the same SDPA kernel);
+    a float8 row's GEMMs run at the fp8 peak while its attention stays at the bf16 rate."""
+    from tspbench.predict.costmodel import load_hardware
+    from tspbench.predict.published import stack_hardware
+
+    eager = fit(ROWS, "eager")
+    f8 = fit(ROWS, "torch_compile+float8")
+    assert eager is not None and f8 is not None
+    assert f8.values["attention_efficiency"] == eager.values["attention_efficiency"]
+    assert all(r.endswith("64k") for r in f8.rows)  # its one calibration row
+    row = next(r for r in ROWS if r.id == "tt_h100_llama31_8b_cp4_128k")
+    hw = load_hardware(row.hardware)
+    f8hw = stack_hardware(row, hw)
+    assert f8hw.peak_flops_bf16 == hw.peak_flops_fp8
+    assert f8hw.attention_forward_efficiency * f8hw.peak_flops_bf16 == __import__("pytest").approx(
+        hw.matmul_efficiency * hw.peak_flops_bf16
+    )
+    eager_row = next(r for r in ROWS if r.id == "tt_h100_llama31_8b_fsdp")
+    assert stack_hardware(eager_row, hw) is hw

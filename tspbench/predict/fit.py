@@ -2,7 +2,8 @@
 
 The cost model's a-priori constants (conf/hardware: `matmul_efficiency`, and the attention kernel at the GEMM
 efficiency) are stated assumptions. This module fits, per implementation stack (`Row.stack`; "" reads as eager
-PyTorch), the two kernel-class efficiencies
+PyTorch; a non-eager stack fits its GEMM efficiency alone and shares eager's attention kernel, `fit`), the two
+kernel-class efficiencies
 
     gemm_efficiency       the profile's `matmul_efficiency`: every GEMM of the step
     attention_efficiency  the attention kernel's forward and backward (HardwareProfile.attention_*_efficiency)
@@ -41,6 +42,7 @@ def stack_of(row: Row) -> str:
 
 def calibration_rows(rows: Iterable[Row], stack: str) -> list[Row]:
     """The rows a fit for `stack` may use: in scope, calibration subset, publishing tokens/s per GPU."""
+    rows = list(rows)
     return [
         r
         for r in rows
@@ -89,15 +91,36 @@ class Fit:
     residuals_pct: dict[str, float]
     """Row id → signed tokens/s error with the fitted constants."""
 
+    @property
+    def at_bound(self) -> bool:
+        """A fitted value sits at the search's edge (≤ 0.10 or ≥ 0.99 of the peak): the rows do not determine it (or
+        the model's structure is wrong for them), so its validation errors are no evidence."""
+        return any(v <= 0.10 or v >= 0.99 for v in self.values.values())
+
+
+def _fine(c: float) -> list[float]:
+    return [round(c + 0.01 * i, 2) for i in range(-5, 6) if 0.05 <= c + 0.01 * i <= 1.0]
+
 
 def fit(rows: Iterable[Row], stack: str = "eager") -> Fit | None:
-    """The constants of `stack` fitted on its calibration rows (None: fewer than two such rows)."""
+    """The constants of `stack` fitted on its calibration rows. Eager PyTorch: both constants (None with fewer than
+    two rows). Any other stack runs the same attention kernel (PyTorch's SDPA flash kernel, which torch.compile
+    leaves in place and float8 does not convert), so it shares eager's attention efficiency and fits its GEMM
+    efficiency alone (None without a calibration row, or without an eager fit)."""
+    rows = list(rows)
     cal = calibration_rows(rows, stack)
-    if len(cal) < 2:
-        return None
-    g, a = _best(cal, COARSE, COARSE)
-    fine = lambda c: [round(c + 0.01 * i, 2) for i in range(-5, 6) if 0.05 <= c + 0.01 * i <= 1.0]  # noqa: E731
-    g, a = _best(cal, fine(g), fine(a))
+    if stack == "eager":
+        if len(cal) < 2:
+            return None
+        g, a = _best(cal, COARSE, COARSE)
+        g, a = _best(cal, _fine(g), _fine(a))
+    else:
+        eager = fit(rows, "eager")
+        if not cal or eager is None:
+            return None
+        a = eager.values["attention_efficiency"]
+        g, _ = _best(cal, COARSE, [a])
+        g, _ = _best(cal, _fine(g), [a])
     override = with_constants(g, a)
     err = lambda pred, r: 100.0 * (pred - r.measured[QUANTITY]) / r.measured[QUANTITY]  # noqa: E731
     return Fit(
@@ -119,7 +142,9 @@ def fit_summaries(rows: list[Row]) -> list[dict[str, Any]]:
         out.append(item)
         if f is None:
             continue
-        item.update(values=f.values, rows=f.rows, before_pct=f.before_pct, residuals_pct=f.residuals_pct)
+        item.update(
+            values=f.values, rows=f.rows, before_pct=f.before_pct, residuals_pct=f.residuals_pct, at_bound=f.at_bound
+        )
         held = [
             r
             for r in rows

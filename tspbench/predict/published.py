@@ -28,7 +28,7 @@ from __future__ import annotations
 import functools
 import statistics
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -137,6 +137,34 @@ def memory_parallel(row: Row, par: ParallelConfig) -> ParallelConfig:
     return par
 
 
+MODELLED_STACK = frozenset({"eager", "torch_compile", "float8"})
+"""The implementation-stack parts the prediction represents (`stack_hardware`); a row whose stack has another part
+(transformer_engine, deepspeed, cpu_offload, async_tp) stays out of scope."""
+
+
+def stack_parts(row: Row) -> set[str]:
+    """The parts of a row's `stack` ("" reads as eager PyTorch)."""
+    return set((row.stack or "eager").split("+"))
+
+
+def stack_hardware(row: Row, hw: HardwareProfile) -> HardwareProfile:
+    """The profile as the row's stack runs it (docs/method.md#fit): with `float8`, every GEMM runs at the fp8 peak
+    (`peak_flops_fp8`) at the same fraction of it, while the attention kernel stays in bf16 (its efficiency rescaled so
+    that its time is the bf16 one). `torch_compile` changes no FLOP and no constant a priori (its fusion touches the
+    elementwise work the roofline does not price); the per-stack fit (tspbench/predict/fit.py) gives it its own GEMM
+    efficiency where calibration rows allow. A float8 row on a profile without an fp8 peak is a ValueError."""
+    if "float8" not in stack_parts(row):
+        return hw
+    if not hw.peak_flops_fp8:
+        raise ValueError(f"row {row.id}: stack float8 on hardware {hw.name}, whose profile has no peak_flops_fp8")
+    scale = hw.peak_flops_bf16 / hw.peak_flops_fp8
+    attn_f = (hw.attention_forward_efficiency or hw.matmul_efficiency) * scale
+    attn_b = (hw.attention_backward_efficiency or hw.matmul_efficiency) * scale
+    return replace(
+        hw, peak_flops_bf16=hw.peak_flops_fp8, attention_forward_efficiency=attn_f, attention_backward_efficiency=attn_b
+    )
+
+
 @functools.cache
 def _profile(name: str) -> HardwareProfile:
     """conf/hardware/<name>.yaml, read once per process (predict never mutates it; overrides replace a copy)."""
@@ -149,10 +177,10 @@ def predict(row: Row, hardware: Callable[[HardwareProfile], HardwareProfile] | N
     model = ModelConfig(**row.model)
     lay = {k: v for k, v in row.layout.items() if k not in ("fsdp", "overlap")}
     degree = int(lay.get("degree", 1))
-    par = ParallelConfig(recompute=row.recompute, dp=max(1, row.gpus // degree), **lay)
-    hw = _profile(row.hardware)
-    if hardware is not None:
-        hw = hardware(hw)
+    lay.setdefault("dp", max(1, row.gpus // degree))  # a row may state it (FSDP × CP rows); else the whole job
+    par = ParallelConfig(recompute=row.recompute, **lay)
+    base = _profile(row.hardware)
+    hw = stack_hardware(row, hardware(base) if hardware is not None else base)
     overlap = row.layout.get("overlap", "ideal" if row.layout.get("fsdp") else "none")
     work = Workload(model, row.seq_len, row.micro_batch, mode="train")
     ct = cluster_throughput(par, work, hw, row.gpus, overlap=overlap)
@@ -161,7 +189,7 @@ def predict(row: Row, hardware: Callable[[HardwareProfile], HardwareProfile] | N
     mem = memory_breakdown(memory_parallel(row, par), work)["total"]
     return {
         "tokens_per_s_per_gpu": tps,
-        "mfu_pct": 100.0 * tps * model_flops / hw.peak_flops("bfloat16"),
+        "mfu_pct": 100.0 * tps * model_flops / base.peak_flops("bfloat16"),  # of the bf16 peak, as published
         "peak_mem_gib": mem / GIB,
         "step_s": ct["step_s"],
         "exposed_comm_s": ct["step_s"] - ct["compute_s"],

@@ -28,6 +28,8 @@ class HardwareProfile:
     """Dense bf16 matrix peak, FLOP/s."""
     peak_flops_fp32: float = 1e14
     """fp32 peak, FLOP/s."""
+    peak_flops_fp8: float | None = None
+    """Dense fp8 matrix peak, FLOP/s (float8 GEMMs of a published row's stack); None: the device has no fp8."""
     mem_bytes: float = 80e9
     """Device memory capacity, bytes (decimal)."""
     mem_bw: float = 3e12
