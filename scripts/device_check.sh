@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The prepared check for a lent single GPU (the `device` tool of the tool library): about 6 minutes; the step
-# time limits add up to 470 s (< 8 minutes).
+# The prepared check for a lent single GPU (the `device` tool of the tool library): about 7 minutes; the step
+# time limits add up to 530 s (< 9 minutes).
 #
 #   bash scripts/device_check.sh [--dry-run] [OUTDIR]
 #
@@ -21,7 +21,8 @@
 # time to first token, decode p50/p99, allocator peaks, NVML energy). Never multi-GPU throughput.
 # (4) compute-only time: `gpu_check time=true`, rank 0's forward and training step at paper shapes (collectives are
 # no-ops) and the GEMM / attention efficiencies, written to $OUT/h200.calibration.json (commit it beside
-# conf/hardware/h200.yaml for the time model to use it).
+# conf/hardware/h200.yaml for the time model to use it). (5) kernel shapes: `gpu_check shapes=true`, each distinct
+# attention / GEMM call of the headline's layouts at 128K timed beside the kernel-shape model ($OUT/gpu_shapes.jsonl).
 set -uo pipefail
 DRY=0
 if [ "${1:-}" = "--dry-run" ]; then DRY=1; shift; fi
@@ -48,6 +49,7 @@ step 90 "$OUT/gpu_tests.txt" "$OUT/gpu_tests.txt" $PY -m pytest -q -p no:cachepr
 step 180 "$OUT/gpu_check.jsonl" "$OUT/gpu_check.err" $PY -m tspbench.gpu_check device=cuda
 step 100 "$OUT/gpu_time.jsonl" "$OUT/gpu_time.err" $PY -m tspbench.gpu_check device=cuda time=true hardware=h200 \
   "calibration_out=$OUT"
+step 60 "$OUT/gpu_shapes.jsonl" "$OUT/gpu_shapes.err" $PY -m tspbench.gpu_check device=cuda shapes=true hardware=h200
 step 100 "$OUT/smoke.txt" "$OUT/smoke.err" $PY -m tspbench +exp=smoke device=cuda 'schemes=[single]' \
   'modes=[train,forward,decode]' model=small dtype=bfloat16 seq_len=4096 "hydra.run.dir=$OUT/run" report=false
 [ "$DRY" = 1 ] && { cat "$OUT/commands.txt"; exit 0; }

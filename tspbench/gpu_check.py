@@ -29,6 +29,10 @@ class GpuCheckConfig:
     time: bool = False
     """Instead of memory: rank 0's compute-only forward and training step time (CUDA events) and the achieved
     GEMM / attention efficiencies, written as a calibration file (needs CUDA)."""
+    shapes: bool = False
+    """Instead of memory: time each distinct kernel call (attention forward/backward, GEMMs) of the headline's
+    layouts at llama7b 128K, 8 GPUs (TSP with one and with per-bucket K/V gathers, TP+Megatron-SP, SP Ulysses and
+    ring) and print the measured efficiency beside the kernel-shape model's, one JSON line per call (needs CUDA)."""
     hardware: str = "h200"
     """Hardware profile (conf/hardware/NAME.yaml) whose bf16 peak the efficiencies divide; names the file."""
     calibration_out: str = "."
@@ -39,6 +43,7 @@ class GpuCheckConfig:
 EXAMPLES = [
     "python -m tspbench.gpu_check                                  # memory: real allocator vs estimate vs model",
     "python -m tspbench.gpu_check time=true hardware=h200 calibration_out=results/",
+    "python -m tspbench.gpu_check shapes=true hardware=h200     # each kernel call's shape: measured vs modelled",
 ]
 
 
@@ -64,9 +69,10 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError(f"device={gc.device!r} is unknown; allowed: auto, cuda, cpu")
         if gc.recompute not in ("full", "none"):
             raise ConfigError(f"recompute={gc.recompute!r} is unknown; allowed: full, none")
-        if gc.time and not (device.startswith("cuda") and torch.cuda.is_available()):
+        if (gc.time or gc.shapes) and not (device.startswith("cuda") and torch.cuda.is_available()):
             raise ConfigError(
-                "time=true needs a CUDA device (compute-only timing with CUDA events); "
+                f"{'time=true' if gc.time else 'shapes=true'} needs a CUDA device (compute-only timing with CUDA "
+                "events); "
                 f"device={device} and torch.cuda.is_available()={torch.cuda.is_available()}"
             )
         if gc.time:
@@ -76,6 +82,12 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, ValueError) as e:
         print(f"tspbench.gpu_check: {e}", file=sys.stderr)
         return 2
+    if gc.shapes:
+        from tspbench.predict.gpu_check import shape_cases
+
+        for rec in shape_cases(gc.hardware, device):
+            print(json.dumps(rec), flush=True)
+        return 0
     if not gc.time:
         for rec in memory_checks(device, gc.recompute):
             print(json.dumps(rec), flush=True)

@@ -30,13 +30,14 @@ def _commands(tmp_path: Path) -> list[list[str]]:
 def test_dry_run_lists_gpu_tests_memory_check_and_smoke(tmp_path):
     cmds = _commands(tmp_path)
     mods = [c[c.index("-m") + 1] for c in cmds]
-    assert mods == ["pytest", "tspbench.gpu_check", "tspbench.gpu_check", "tspbench"]
+    assert mods == ["pytest", "tspbench.gpu_check", "tspbench.gpu_check", "tspbench.gpu_check", "tspbench"]
     assert "time=true" in cmds[2] and f"calibration_out={tmp_path}" in cmds[2]
+    assert "shapes=true" in cmds[3]
     pytest_args = cmds[0][cmds[0].index("-m", 3) :]
     assert pytest_args[:2] == ["-m", "gpu"] and all((ROOT / p).exists() for p in pytest_args[2:])
     assert any("pytest.mark.gpu" in f.read_text() for f in (ROOT / "tests/gpu").glob("test_*.py"))
     # everything the run writes goes under OUTDIR
-    assert any(a == f"hydra.run.dir={tmp_path}/run" for a in cmds[3])
+    assert any(a == f"hydra.run.dir={tmp_path}/run" for a in cmds[4])
 
 
 def test_gpu_check_options_parse(tmp_path, capsys):
@@ -57,7 +58,7 @@ def test_smoke_overrides_compose_to_single_gpu_runs(tmp_path):
     from tspbench.run.experiment import compose_experiment
     from tspbench.run.grid import expand_grid
 
-    cmd = _commands(tmp_path)[3]
+    cmd = _commands(tmp_path)[4]
     overrides = [a for a in cmd[cmd.index("tspbench") + 1 :] if not a.startswith("hydra.")]
     specs = expand_grid(compose_experiment(overrides))
     assert sorted(s.mode for s in specs) == ["decode", "forward", "train"]

@@ -161,3 +161,23 @@ def test_curves_are_16_bit_only():
     many = 128 * 132 * 4
     fp32 = attention_efficiency(many, 8192, 1, 128, "unmasked", "fwd", 1, hw, "float32")
     assert fp32 == hw.matmul_efficiency != attention_efficiency(many, 8192, 1, 128, "unmasked", "fwd", 1, hw)
+
+
+def test_shape_checks_time_every_distinct_call_beside_the_model():
+    """gpu_check shapes=true's machinery on the CPU (times mean nothing here): every distinct attention call (forward
+    and backward) and GEMM shape of a layer is timed once and carries the model's efficiency beside the measured
+    one; the command refuses to run without CUDA."""
+    from tspbench.config import model_preset
+    from tspbench.gpu_check import main
+    from tspbench.predict.gpu_time import shape_checks
+
+    work = Workload(model_preset("tiny"), 64, 1)
+    par = ParallelConfig(scheme="tsp", degree=2, kv_bucket_heads=1)
+    recs = shape_checks(par, work, load_hardware("h200"), device="cpu")
+    attn = {tuple(r["shape"]) for r in recs if r["call"] == "attention"}
+    gemm = {tuple(r["shape"]) for r in recs if r["call"] == "gemm"}
+    assert attn == {(a.q_tokens, a.k_tokens, a.heads, a.head_dim, a.mask, a.batch) for a in attention_calls(par, work)}
+    shapes = {(c.m, c.n, c.k) for g in gemm_calls(par, work) for c in (g, *g.backward())}
+    assert gemm == shapes and len(recs) == 2 * len(attn) + len(gemm)
+    assert all(r["time_ms"] > 0 and 0 < r["modelled_efficiency"] <= 1 for r in recs)
+    assert main(["device=cpu", "shapes=true"]) == 2  # needs CUDA: one line, exit 2

@@ -106,3 +106,28 @@ def timing_checks(recompute: str) -> Iterator[dict]:
             yield rank_step_times(model, par, seq)
         except torch.OutOfMemoryError as e:
             yield {"scheme": scheme, "seq_len": seq, "status": "oom", "reason": str(e).splitlines()[0]}
+
+
+SHAPE_LAYOUTS = (
+    ParallelConfig(scheme="tsp", degree=8),
+    ParallelConfig(scheme="tsp", degree=8, kv_bucket_heads=1),
+    ParallelConfig(scheme="tp_msp", degree=8),
+    ParallelConfig(scheme="sp", degree=8, sp_variant="ulysses"),
+    ParallelConfig(scheme="sp", degree=8, sp_variant="ring"),
+)
+"""The layouts whose kernel calls `shape_cases` times (the headline's sides and the K/V-bucket choice it hinges on)."""
+
+
+def shape_cases(hardware: str, device: str = "cuda", seq_len: int = 131072) -> Iterator[dict]:
+    """Every distinct kernel call of SHAPE_LAYOUTS at llama7b, `seq_len`, training, timed on `device` beside the
+    kernel-shape model's efficiency (tspbench/predict/gpu_time.py shape_checks), tagged with its layout."""
+    from tspbench.predict.costmodel import Workload, load_hardware
+    from tspbench.predict.gpu_time import shape_checks
+
+    hw, model = load_hardware(hardware), model_preset("llama7b")
+    for par in SHAPE_LAYOUTS:
+        try:
+            for rec in shape_checks(par, Workload(model, seq_len, 1), hw, device):
+                yield {"layout": par.label(), "seq_len": seq_len, "hardware": hardware, **rec}
+        except torch.OutOfMemoryError as e:
+            yield {"layout": par.label(), "status": "oom", "reason": str(e).splitlines()[0]}

@@ -106,3 +106,81 @@ def rank_step_times(model: ModelConfig, par: ParallelConfig, seq_len: int) -> di
         "compute_only_train_step_ms": step_s * 1e3,
         "note": "rank 0 alone under the fake process group: compute only, collectives are no-ops",
     }
+
+
+def _time_s(fn, device: str, reps: int = 3) -> float:
+    """Seconds per call: CUDA events on a GPU, the wall clock on the CPU (the machinery only)."""
+    if device.startswith("cuda"):
+        return _cuda_time_s(fn, reps)
+    import time
+
+    fn()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    return (time.perf_counter() - t0) / reps
+
+
+def shape_checks(par: ParallelConfig, work, hw, device: str = "cuda") -> list[dict]:
+    """Each distinct kernel call one rank of `par` issues in a layer (costmodel/kernels.py attention_calls and
+    gemm_calls, backward GEMMs included), timed on `device`, beside the shape model's efficiency for it: one record
+    per call shape with the measured and modelled fractions of the profile's bf16 peak and their ratio
+    (docs/method.md#fit). On a GPU this is the evidence that replaces the published curves; on the CPU it checks the
+    machinery only (its fractions of a GPU peak mean nothing)."""
+    import torch.nn.functional as F
+    from torch.nn.attention.bias import causal_lower_right
+
+    from tspbench.predict.costmodel.kernels import attention_calls, attention_efficiency, gemm_calls, gemm_efficiency
+
+    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    peak = hw.peak_flops_bf16
+    out: list[dict] = []
+    seen: set[tuple[object, ...]] = set()
+    for a in attention_calls(par, work):
+        key: tuple[object, ...] = ("attention", a.q_tokens, a.k_tokens, a.heads, a.head_dim, a.mask, a.batch)
+        if key in seen:
+            continue
+        seen.add(key)
+        q = torch.randn(a.batch, a.heads, a.q_tokens, a.head_dim, device=device, dtype=dtype, requires_grad=True)
+        k, v = (
+            torch.randn(a.batch, a.heads, a.k_tokens, a.head_dim, device=device, dtype=dtype, requires_grad=True)
+            for _ in range(2)
+        )
+        mask = None if a.mask == "unmasked" else causal_lower_right(a.q_tokens, a.k_tokens)
+
+        def fwd(q=q, k=k, v=v, mask=mask):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+        grad = torch.randn_like(fwd())
+        t_f = _time_s(fwd, device)
+        t_fb = _time_s(lambda fwd=fwd, q=q, k=k, v=v, grad=grad: torch.autograd.grad(fwd(), (q, k, v), grad), device)
+        one = a.flops / a.count
+        for direction, flops, t in (("fwd", one, t_f), ("bwd", 2.5 * one, max(t_fb - t_f, 1e-9))):
+            modelled = attention_efficiency(a.q_tokens, a.k_tokens, a.heads, a.head_dim, a.mask, direction, a.batch, hw)
+            out.append(_shape_record(key, direction, a.count, flops, t, peak, modelled))
+    for g in gemm_calls(par, work):
+        for c in [g, *g.backward()] if work.mode == "train" else [g]:
+            key = ("gemm", c.m, c.n, c.k)
+            if key in seen:
+                continue
+            seen.add(key)
+            x = torch.randn(c.m, c.k, device=device, dtype=dtype)
+            w = torch.randn(c.n, c.k, device=device, dtype=dtype)
+            t = _time_s(lambda x=x, w=w: F.linear(x, w), device)
+            modelled = gemm_efficiency(c.m, c.n, c.k, "bfloat16", hw)
+            out.append(_shape_record(key, c.name, c.count, c.flops / c.count, t, peak, modelled))
+    return out
+
+
+def _shape_record(key: tuple, what: str, count: int, flops: float, t: float, peak: float, modelled: float) -> dict:
+    measured = flops / (t * peak)
+    return {
+        "call": key[0],
+        "what": what,
+        "shape": list(key[1:]),
+        "count_per_layer": count,
+        "time_ms": 1e3 * t,
+        "measured_efficiency": measured,
+        "modelled_efficiency": modelled,
+        "measured_over_modelled": measured / modelled if modelled else None,
+    }
