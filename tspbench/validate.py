@@ -45,20 +45,14 @@ def render(records: list[dict[str, Any]], fits: list[dict[str, Any]] | None = No
                     f"{r['row_id']:34s} {r['subset']:11s} {name:21s} {pub * factor:10{fmt}}  not predicted: {why}"
                 )
     lines.append("")
-    for subset, per_q in summary(records).items():
-        for q, s in per_q.items():
-            name = PRINTED.get(q, (q,))[0]
-            lines.append(
-                f"{subset:11s} {name:21s} n={s['n']:<3d} median |error| {s['median_abs_pct']:5.1f}%  "
-                f"worst {s['worst_abs_pct']:5.1f}%"
-            )
-    for subset, per_q in summary(records, long=True).items():
-        for q, s in per_q.items():
-            name = PRINTED.get(q, (q,))[0]
-            lines.append(
-                f"{subset:11s} {name:21s} n={s['n']:<3d} median |error| {s['median_abs_pct']:5.1f}%  "
-                f"worst {s['worst_abs_pct']:5.1f}%  (rows at S ≥ {LONG_SEQ // 1024}K only)"
-            )
+    for long, tail in ((False, ""), (True, f"  (rows at S ≥ {LONG_SEQ // 1024}K only)")):
+        for subset, per_q in summary(records, long=long).items():
+            for q, s in per_q.items():
+                name = PRINTED.get(q, (q,))[0]
+                lines.append(
+                    f"{subset:11s} {name:21s} n={s['n']:<3d} median |error| {s['median_abs_pct']:5.1f}%  "
+                    f"worst {s['worst_abs_pct']:5.1f}%{tail}"
+                )
     lines += ["", "fit on calibration rows only (tspbench/predict/fit.py; the headline keeps the a-priori constants):"]
     for f in fits or []:
         if f["values"] is None:

@@ -244,12 +244,8 @@ EDGE_CASES = [
 def test_embedding_and_head_volume(parity_results, cid):
     """The vocabulary-parallel embedding, LM head and cross-entropy (tp, tp_msp, tp_sp with T > 1) move
     exactly what costmodel.comm_embed_head says; the replicated ones (sp, tsp, T = 1) move nothing."""
-    world, vc, _ = ALL[cid]
-    got = parity_results(world)[cid]["comm_edges"]
-    pred = comm_embed_head(vc.parallel(), Workload(vc.model, vc.seq_len, vc.batch, mode="train"))
-    for tag in ("embed", "head"):
-        for phase in ("fwd", "bwd"):
-            assert got[tag][phase] == pytest.approx(pred[tag][phase], rel=1e-12, abs=0), (tag, phase)
+    vc = ALL[cid][1]
+    got = _edges_equal_formula(parity_results, cid)
     assert (got["head"]["fwd"] > 0) == (vc.parallel().vocab_degree > 1 or vc.scheme == "fsdp_sp")
 
 
@@ -259,12 +255,19 @@ def test_embedding_and_head_volume(parity_results, cid):
 def test_hsdp_embedding_and_head_volume(parity_results, cid):
     """fsdp_sp with dp > 1: the embedding and head units' collectives over the shard group (dp_shard·Σ ranks) and,
     with HSDP, their gradient shards' all-reduces over the replicas, as costmodel.comm_embed_head says."""
+    _edges_equal_formula(parity_results, cid)
+
+
+def _edges_equal_formula(parity_results, cid) -> dict:
+    """Assert the embedding's and the head's counted volume, each phase, equals costmodel.comm_embed_head; return the
+    counted one."""
     world, vc, _ = ALL[cid]
     got = parity_results(world)[cid]["comm_edges"]
     pred = comm_embed_head(vc.parallel(), Workload(vc.model, vc.seq_len, vc.batch, mode="train"))
     for tag in ("embed", "head"):
         for phase in ("fwd", "bwd"):
             assert got[tag][phase] == pytest.approx(pred[tag][phase], rel=1e-12, abs=0), (tag, phase)
+    return got
 
 
 GRAD_SYNC_CASES = [

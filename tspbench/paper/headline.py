@@ -20,7 +20,7 @@ import functools
 from tspbench.paper.best import Reading, best_per_scheme, compare_best, describe, sides_of, strongest_baseline
 from tspbench.paper.setting import LLAMA7B, N_GPUS, SEQ_16K, SEQ_128K
 from tspbench.parallel import scheme
-from tspbench.predict.fit import fit, fit_summaries
+from tspbench.predict.fit import fit_summaries
 from tspbench.predict.planner import ALLOCATOR_RESERVE, RUNTIME_HEADROOM, Layout
 from tspbench.predict.published import default_files, load_rows
 from tspbench.predict.verdict import Band, Comparison, Scenario, ratio_under, scenarios, verdict
@@ -70,9 +70,9 @@ def headline_markdown() -> str:
         f"{main.verdict}** — TSP ÷ it = {main.band} over {len(scenarios())} shared scenarios of GEMM and attention "
         f"efficiency, link efficiency, overlap and kernel-shape pricing (docs/method.md#verdict); {main.moves_most}."
     )
-    fitted = fit(load_rows(default_files()), "eager")
-    if fitted is not None:
-        g, a = fitted.values["gemm_efficiency"], fitted.values["attention_efficiency"]
+    eager_fit = next((f for f in fit_summaries(load_rows(default_files())) if f["stack"] == "eager"), None)
+    if eager_fit and eager_fit["values"]:
+        g, a = eager_fit["values"]["gemm_efficiency"], eager_fit["values"]["attention_efficiency"]
         eager = Scenario(g, a, 1.0, "schedule")
         t_side, b_side = sides_of(MAIN, tsp, base)
         r_eager = ratio_under(t_side, b_side, eager)
@@ -125,9 +125,8 @@ def headline_markdown() -> str:
         if parts
         else "The cost model has no validation rows."
     )
-    fitted_eager = next((f for f in fit_summaries(load_rows(default_files())) if f["stack"] == "eager"), None)
-    if fitted_eager and fitted_eager["validation"]:
-        v = fitted_eager["validation"]
+    if eager_fit and eager_fit["validation"]:
+        v = eager_fit["validation"]
         trust += (
             f" With the eager-PyTorch constants fitted on calibration rows only (`python -m tspbench.validate` prints "
             f"the fit and its residuals), tokens/s on the {v['n']} validation rows: median {v['median_after']:.0f}%, "

@@ -102,11 +102,12 @@ def _fine(c: float) -> list[float]:
     return [round(c + 0.01 * i, 2) for i in range(-5, 6) if 0.05 <= c + 0.01 * i <= 1.0]
 
 
-def fit(rows: Iterable[Row], stack: str = "eager") -> Fit | None:
+def fit(rows: Iterable[Row], stack: str = "eager", eager: Fit | None = None) -> Fit | None:
     """The constants of `stack` fitted on its calibration rows. Eager PyTorch: both constants (None with fewer than
     two rows). Any other stack runs the same attention kernel (PyTorch's SDPA flash kernel, which torch.compile
     leaves in place and float8 does not convert), so it shares eager's attention efficiency and fits its GEMM
-    efficiency alone (None without a calibration row, or without an eager fit)."""
+    efficiency alone (None without a calibration row, or without an eager fit; `eager`: that fit, when the caller
+    has it already)."""
     rows = list(rows)
     cal = calibration_rows(rows, stack)
     if stack == "eager":
@@ -115,7 +116,7 @@ def fit(rows: Iterable[Row], stack: str = "eager") -> Fit | None:
         g, a = _best(cal, COARSE, COARSE)
         g, a = _best(cal, _fine(g), _fine(a))
     else:
-        eager = fit(rows, "eager")
+        eager = eager if eager is not None else fit(rows, "eager")
         if not cal or eager is None:
             return None
         a = eager.values["attention_efficiency"]
@@ -136,8 +137,9 @@ def fit_summaries(rows: list[Row]) -> list[dict[str, Any]]:
     """Per stack of the in-scope rows: the fit (None values: nothing fitted), and the validation rows' tokens/s
     |error| (%) under the a-priori and the fitted constants (n, median and worst of each), for printing."""
     out: list[dict[str, Any]] = []
+    eager = fit(rows, "eager")  # once: every other stack shares its attention constant
     for stack in sorted({stack_of(r) for r in rows if not r.out_of_scope}):
-        f = fit(rows, stack)
+        f = eager if stack == "eager" else fit(rows, stack, eager)
         item: dict[str, Any] = {"stack": stack, "values": None, "validation": None}
         out.append(item)
         if f is None:

@@ -25,7 +25,6 @@ print. Memory is GiB here (the records' unit); printed, it is GB.
 
 from __future__ import annotations
 
-import functools
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -37,8 +36,8 @@ import yaml
 from tspbench.config import GIB, ModelConfig
 from tspbench.parallel import ParallelConfig
 from tspbench.paths import conf_dir
-from tspbench.predict.costmodel import Workload, cluster_throughput, flops_per_token, load_hardware, memory_breakdown
-from tspbench.predict.costmodel.hardware import HardwareProfile
+from tspbench.predict.costmodel import Workload, cluster_throughput, flops_per_token, memory_breakdown
+from tspbench.predict.costmodel.hardware import HardwareProfile, shared_profile
 
 QUANTITIES = ("tokens_per_s_per_gpu", "mfu_pct", "peak_mem_gib", "step_s")
 FLOPS_CONVENTIONS = ("palm", "megatron_eq3")
@@ -165,12 +164,6 @@ def stack_hardware(row: Row, hw: HardwareProfile) -> HardwareProfile:
     )
 
 
-@functools.cache
-def _profile(name: str) -> HardwareProfile:
-    """conf/hardware/<name>.yaml, read once per process (predict never mutates it; overrides replace a copy)."""
-    return load_hardware(name)
-
-
 def predict(row: Row, hardware: Callable[[HardwareProfile], HardwareProfile] | None = None) -> dict[str, float | None]:
     """The cost model's tokens/s per GPU, MFU (%) and peak memory (GiB) for one row; `hardware` replaces constants of
     the row's profile (tspbench/predict/fit.py's fitted ones), None: the profile as it is."""
@@ -179,7 +172,7 @@ def predict(row: Row, hardware: Callable[[HardwareProfile], HardwareProfile] | N
     degree = int(lay.get("degree", 1))
     lay.setdefault("dp", max(1, row.gpus // degree))  # a row may state it (FSDP × CP rows); else the whole job
     par = ParallelConfig(recompute=row.recompute, **lay)
-    base = _profile(row.hardware)
+    base = shared_profile(row.hardware)
     hw = stack_hardware(row, hardware(base) if hardware is not None else base)
     overlap = row.layout.get("overlap", "ideal" if row.layout.get("fsdp") else "none")
     work = Workload(model, row.seq_len, row.micro_batch, mode="train")

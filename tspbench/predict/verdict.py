@@ -29,8 +29,8 @@ from typing import Any
 
 from tspbench.config import ModelConfig
 from tspbench.parallel import ParallelConfig
-from tspbench.predict.costmodel import PRICING, Pricing, Workload, cluster_throughput, load_hardware
-from tspbench.predict.costmodel.hardware import HardwareProfile
+from tspbench.predict.costmodel import PRICING, Pricing, Workload, cluster_throughput
+from tspbench.predict.costmodel.hardware import HardwareProfile, shared_profile
 from tspbench.predict.planner import Layout
 
 VERDICTS = ("ahead", "behind", "within the model's error")
@@ -190,7 +190,7 @@ class Side:
 
     def tokens_per_s_per_gpu(self, s: Scenario = CENTRAL) -> float:
         """Modelled tokens/s per GPU under scenario `s`."""
-        hw = s.hardware(load_hardware(self.hardware))
+        hw = s.hardware(shared_profile(self.hardware))
         work = replace(self.work, batch=self.batch)
         pricing = replace(self.pricing, kernels=s.kernels)
         ct = cluster_throughput(self.par, work, hw, self.gpus, overlap=s.overlap, pricing=pricing)

@@ -26,12 +26,11 @@ from typing import Any
 
 from tspbench.parallel import SCHEMES
 from tspbench.predict.costmodel.hardware import CALIBRATION_KEYS
+from tspbench.predict.verdict import VERDICTS
 from tspbench.record.guards import guard as guard_run
 from tspbench.record.schema import STATUSES
 
 KINDS = ("run", "plan", "validation", "calibration", "verdict")
-VERDICTS = ("ahead", "behind", "within the model's error")
-"""tspbench/predict/verdict.py's three answers (kept equal by tests/unit/test_verdict.py)."""
 SUBSETS = ("calibration", "validation")
 PLAN_POSITIVE = ("mem_bytes", "tokens_per_s_cluster", "tokens_per_s_per_gpu")
 

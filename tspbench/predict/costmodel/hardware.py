@@ -6,6 +6,7 @@ across nodes."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
@@ -171,6 +172,13 @@ def load_hardware(name: str, conf_dir: str | Path | None = None) -> HardwareProf
 
 
 POINT_MASKS = ("causal", "unmasked")
+
+
+@functools.cache
+def shared_profile(name: str) -> HardwareProfile:
+    """`load_hardware(name)` from conf/hardware, read once per process: for callers that price one profile many
+    times (validation rows, the verdict's scenarios). Never mutate it: overrides `replace` a copy."""
+    return load_hardware(name)
 
 
 def _check_points(path: Path, key: str, points: object, peak_tflops: float) -> None:
