@@ -17,7 +17,8 @@ from typing import Any
 
 from tspbench import cli
 from tspbench.config import GIB_TO_GB, ConfigError
-from tspbench.predict.fit import fit_summaries
+from tspbench.predict.costmodel.memory import ALLOCATOR_RESERVE
+from tspbench.predict.fit import ReserveFit, fit_reserve, fit_summaries
 from tspbench.predict.published import LONG_SEQ, default_files, load_rows, record, summary
 from tspbench.record.store import write_records
 
@@ -25,7 +26,9 @@ PRINTED = {"peak_mem_gib": ("peak_mem_gb", GIB_TO_GB)}
 """Quantities printed in another unit than the record's: memory is stored in GiB and printed in GB."""
 
 
-def render(records: list[dict[str, Any]], fits: list[dict[str, Any]] | None = None) -> str:
+def render(
+    records: list[dict[str, Any]], fits: list[dict[str, Any]] | None = None, reserve: ReserveFit | None = None
+) -> str:
     lines = [f"{'row':34s} {'subset':11s} {'quantity':21s} {'published':>10s} {'predicted':>10s} {'error':>8s}"]
     for r in records:
         if r["status"] == "out_of_scope":
@@ -82,6 +85,23 @@ def render(records: list[dict[str, Any]], fits: list[dict[str, Any]] | None = No
                     f"    of which at S ≥ {LONG_SEQ // 1024}K (n={v['n_long']}): a priori median "
                     f"{v['median_before_long']:.1f}%; fitted median {v['median_after_long']:.1f}%"
                 )
+    if reserve is None:  # the allocator's reserve (tspbench/predict/fit.py fit_reserve)
+        lines.append("  allocator reserve: no in-scope calibration row publishes a reserved peak: nothing fitted")
+        return "\n".join(lines)
+    lines.append(
+        f"  allocator reserve (reserved ÷ allocated − 1) = {reserve.value:.3f} (a priori {ALLOCATOR_RESERVE:.2f}) "
+        f"from {len(reserve.rows)} calibration rows publishing a reserved peak (peak memory, log least sq.)"
+    )
+    for rid in reserve.rows:
+        before, after = reserve.before_pct[rid], reserve.residuals_pct[rid]
+        lines.append(f"    {rid:34s} a priori {before:+7.1f}%   fitted residual {after:+7.1f}%")
+    if reserve.validation:
+        v = reserve.validation
+        lines.append(
+            f"  validation rows publishing a reserved peak (n={v['n']}), peak memory |error|: a priori median "
+            f"{v['median_before']:.1f}% worst {v['worst_before']:.1f}%; fitted median {v['median_after']:.1f}% "
+            f"worst {v['worst_after']:.1f}%"
+        )
     return "\n".join(lines)
 
 
@@ -118,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, ValueError) as e:
         print(f"tspbench.validate: {e}", file=sys.stderr)
         return 2
-    print(render(records, fit_summaries(rows)))
+    print(render(records, fit_summaries(rows), fit_reserve(rows)))
     out = Path(vc.out)
     written = write_records(out, records, kind="validation")  # atomic, each record guarded (record/kinds.py)
     bad = [r for r in written if r.get("status") == "implausible"]

@@ -599,3 +599,30 @@ def test_fsdp_sp_shards_model_state_over_dp_times_sigma(dp, dp_shard):
     replicas = dp // dp_shard  # HSDP: the gradient shard all-reduced over the replicas
     hsdp = 2 * unit / n * (replicas - 1) / replicas
     assert c["bwd_total"] == pytest.approx(2 * unit * (n - 1) / n + kv + hsdp) and c["grad_sync"] == 0
+
+
+def test_op_sac_prices_torchtitans_saved_outputs_and_is_refused_for_a_scheme():
+    """torchtitan's op-level SAC (published rows only): per token a block keeps its input, wq's, wv's, the kernel's
+    output, w1's and w2's outputs and an fp32 log-sum-exp, which is between full recompute (the input alone) and none;
+    its replay adds W_K, W_O and W_up's forward FLOPs; no scheme may run it."""
+    import pytest
+
+    from tspbench.config import ConfigError, ModelConfig
+    from tspbench.parallel import ParallelConfig
+    from tspbench.parallel.checks import validate_parallel
+    from tspbench.predict.costmodel import Workload
+    from tspbench.predict.costmodel.activations import stored_per_layer
+    from tspbench.predict.costmodel.flops import hardware_flops_per_token
+
+    m = ModelConfig(vocab_size=1000, dim=512, n_layers=2, n_heads=8, n_kv_heads=2, ffn_hidden=1536)
+    w = Workload(m, 1024, 2)
+    par = lambda rc: ParallelConfig(scheme="fsdp_sp", degree=1, dp=8, dp_shard=8, recompute=rc)  # noqa: E731
+    tokens, kv_d = 2 * 1024, 2 * 64
+    assert stored_per_layer(par("op_sac"), w) == tokens * ((4 * 512 + kv_d + 1536) * 2 + 8 * 4)
+    assert stored_per_layer(par("full"), w) < stored_per_layer(par("op_sac"), w) < stored_per_layer(par("none"), w)
+    extra = hardware_flops_per_token(par("op_sac"), w) - hardware_flops_per_token(par("none"), w)
+    assert extra == 2 * 2 * 512 * (kv_d + 512 + 1536)
+    with pytest.raises(ConfigError, match="recompute='op_sac' is unknown"):
+        validate_parallel(m, par("op_sac"), 1024)
+    with pytest.raises(ValueError, match="without tensor or sequence split"):
+        stored_per_layer(ParallelConfig(scheme="tp", degree=2, recompute="op_sac"), w)

@@ -68,3 +68,54 @@ def test_a_stack_shares_eagers_attention_kernel_and_float8_runs_gemms_at_the_fp8
     )
     eager_row = next(r for r in ROWS if r.id == "tt_h100_llama31_8b_fsdp")
     assert stack_hardware(eager_row, hw) is hw
+
+
+# ------------------------------------------------------------------ the allocator's reserve (peak memory)
+def _mem_scaled(rows, subset: str, factor: float):
+    """The rows with every `subset` row's published peak memory scaled by `factor`."""
+    return [
+        replace(r, measured={**r.measured, "peak_mem_gib": r.measured["peak_mem_gib"] * factor})
+        if r.subset == subset and "peak_mem_gib" in r.measured
+        else r
+        for r in rows
+    ]
+
+
+def test_reserve_fit_uses_reserved_calibration_rows_only_and_a_validation_row_never_moves_it():
+    from tspbench.predict.fit import fit_reserve, reserved_rows
+
+    base = fit_reserve(ROWS)
+    assert base is not None and base.rows
+    ids = {r.id: r for r in ROWS}
+    assert all(ids[i].subset == "calibration" and ids[i].memory_kind == "reserved" for i in base.rows)
+    assert set(base.rows) == {r.id for r in reserved_rows(ROWS, "calibration")}
+    assert fit_reserve(_mem_scaled(ROWS, "validation", 2.0)).value == base.value  # type: ignore[union-attr]
+    moved = fit_reserve(_mem_scaled(ROWS, "calibration", 1.3))
+    # published × 1.3 on every calibration row: 1 + reserve scales by exactly 1.3 (closed-form log least squares)
+    assert moved is not None and abs((1 + moved.value) / (1 + base.value) - 1.3) < 1e-9
+
+
+def test_validate_prints_the_reserve_fit(capsys, tmp_path):
+    from tspbench.validate import main
+
+    assert main([f"out={tmp_path / 'v.jsonl'}"]) == 0
+    out = capsys.readouterr().out
+    assert "allocator reserve (reserved ÷ allocated − 1) =" in out
+    assert "validation rows publishing a reserved peak" in out
+
+
+def test_a_row_compares_the_memory_it_publishes():
+    """Reserved rows are compared with allocated × (1 + reserve); a row whose memory is out of scope is not compared
+    and says why."""
+    from tspbench.config import GIB
+    from tspbench.predict.costmodel.memory import ALLOCATOR_RESERVE
+    from tspbench.predict.published import predict, predicted_memory_gib, record
+
+    row = next(r for r in ROWS if r.id == "tt_h100_llama31_8b_fsdp_128gpu")
+    assert row.memory_kind == "reserved" and row.recompute == "op_sac"
+    pred = predict(row)
+    assert pred["peak_mem_gib"] == (pred["allocated_mem_gib"] or 0) * (1 + ALLOCATOR_RESERVE)
+    assert predicted_memory_gib(replace(row, memory_kind="allocated"), 3 * GIB) == 3.0
+    compiled = next(r for r in ROWS if r.id == "tt_h100_llama31_8b_fsdp_128gpu_compile")
+    rec = record(compiled)
+    assert "peak_mem_gib" not in rec["error_pct"] and "op-level SAC" in rec["quantity_out_of_scope"]["peak_mem_gib"]

@@ -50,12 +50,19 @@ def test_fsdp_rows_get_a_memory_prediction_and_a_published_memory_row_is_in_scop
     assert fsdp
     for row in fsdp:
         assert published.memory_parallel(row, None).scheme == "fsdp_sp"
-        assert published.predict(row)["peak_mem_gib"] > 0
+        mem = published.predict(row)["peak_mem_gib"]
+        assert (mem is None) == bool(row.memory_out_of_scope)  # None exactly when the row says why
+        assert mem is None or mem > 0
     mem_rows = [r for r in rows if "peak_mem_gib" in r.measured and not r.out_of_scope]
-    assert mem_rows
+    assert len([r for r in mem_rows if not r.memory_out_of_scope]) >= 6
     for row in mem_rows:
         rec = published.record(row)
-        assert "peak_mem_gib" in rec["error_pct"] and not rec["quantity_out_of_scope"]
+        if row.memory_out_of_scope:
+            assert rec["quantity_out_of_scope"]["peak_mem_gib"] == row.memory_out_of_scope
+            assert "peak_mem_gib" not in rec["error_pct"]
+        else:
+            assert "peak_mem_gib" in rec["error_pct"] and not rec["quantity_out_of_scope"]
+            assert row.memory_kind in published.MEMORY_KINDS
 
 
 def test_megatron_eq3_is_the_papers_formula():

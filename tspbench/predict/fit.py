@@ -171,3 +171,73 @@ def fit_summaries(rows: list[Row]) -> list[dict[str, Any]]:
                     median_after_long=statistics.median(after[i] for i in long),
                 )
     return out
+
+
+# ------------------------------------------------------------------------------------- the allocator's reserve
+MEMORY = "peak_mem_gib"
+"""The published memory quantity the allocator's reserve is fitted to."""
+
+
+def reserved_rows(rows: Iterable[Row], subset: str) -> list[Row]:
+    """In-scope rows of `subset` whose published peak is the caching allocator's reserved memory and whose memory the
+    model prices (`Row.memory_out_of_scope` unset)."""
+    return [
+        r
+        for r in rows
+        if r.subset == subset
+        and not r.out_of_scope
+        and not r.memory_out_of_scope
+        and r.memory_kind == "reserved"
+        and MEMORY in r.measured
+    ]
+
+
+@dataclass(frozen=True)
+class ReserveFit:
+    """The caching allocator's reserve (reserved ÷ allocated − 1) fitted on calibration rows, with its residuals and
+    the validation rows' memory errors before and after."""
+
+    value: float
+    """The fitted reserve (the a-priori one is costmodel.memory.ALLOCATOR_RESERVE)."""
+    rows: tuple[str, ...]
+    """The calibration rows used (ids)."""
+    before_pct: dict[str, float]
+    """Row id → signed memory error with the a-priori reserve."""
+    residuals_pct: dict[str, float]
+    """Row id → signed memory error with the fitted reserve."""
+    validation: dict[str, float] | None
+    """n, median and worst |error| (%) of the validation rows' memory, a priori and fitted; None without rows."""
+
+
+def fit_reserve(rows: Iterable[Row]) -> ReserveFit | None:
+    """The reserve fitted on the calibration rows that publish a reserved peak: log least squares of published ÷
+    allocated, i.e. 1 + reserve = exp(mean(log(published ÷ allocated))) (closed form). None without such a row. The
+    validation rows never enter (tests/unit/test_fit.py)."""
+    rows = list(rows)
+    cal = reserved_rows(rows, "calibration")
+    if not cal:
+        return None
+    alloc = {r.id: float(predict(r)["allocated_mem_gib"] or 0.0) for r in cal}
+    value = math.exp(statistics.fmean(math.log(r.measured[MEMORY] / alloc[r.id]) for r in cal)) - 1.0
+    def signed(r: Row, reserve: float | None = None) -> float:
+        pred = predict(r) if reserve is None else predict(r, reserve=reserve)
+        return 100.0 * (float(pred[MEMORY] or 0.0) - r.measured[MEMORY]) / r.measured[MEMORY]
+
+    held = reserved_rows(rows, "validation")
+    validation = None
+    if held:
+        before, after = [abs(signed(r)) for r in held], [abs(signed(r, value)) for r in held]
+        validation = {
+            "n": len(held),
+            "median_before": statistics.median(before),
+            "worst_before": max(before),
+            "median_after": statistics.median(after),
+            "worst_after": max(after),
+        }
+    return ReserveFit(
+        value,
+        tuple(r.id for r in cal),
+        {r.id: signed(r) for r in cal},
+        {r.id: signed(r, value) for r in cal},
+        validation,
+    )

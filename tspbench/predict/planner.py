@@ -8,13 +8,13 @@ dp = gpus / d that fills the cluster,
     tp_sp at every factorisation d = T·Σ (1 < T < d) × {allgather, ring, ulysses} × Megatron-SP {on, off};
     fsdp_sp × {allgather, ring, ulysses}
 
-× every recompute mode × micro-batch sizes. A layout `tspbench.parallel.validate_parallel` refuses (heads that do
-not divide, Ulysses' head split, the zigzag, FSDP's row split) is dropped, and so is one whose closed-form peak
-memory (`memory_breakdown`: training, bf16 with fp32 AdamW master, m, v), with the allocator's reserve and the
-runtime's headroom on top (`fits_device`: ALLOCATOR_RESERVE, RUNTIME_HEADROOM, both stated assumptions), exceeds the
-device's. The rest are ranked by predicted cluster tokens/s (`cluster_throughput` under the chosen overlap rule,
-docs/method.md#choice-overlap). Closed form only: about a millisecond per layout, no fake-tensor estimate (the slow
-test in tests/unit/test_plan.py checks the memory against the estimate on the paper's 8-GPU setting).
+× every recompute mode × micro-batch sizes. A layout `tspbench.parallel.validate_parallel` refuses (heads that do not
+divide, Ulysses' head split, the zigzag, FSDP's row split) is dropped, and so is one whose closed-form peak memory
+(`memory_breakdown`: training, bf16 with fp32 AdamW master, m, v), with the allocator's reserve and the runtime's
+headroom on top (`fits_device`: costmodel.memory.ALLOCATOR_RESERVE, RUNTIME_HEADROOM, both stated assumptions), exceeds
+the device's. The rest are ranked by predicted cluster tokens/s (`cluster_throughput` under the chosen overlap rule,
+docs/method.md#choice-overlap). Closed form only: about a millisecond per layout, no fake-tensor estimate (the slow test
+in tests/unit/test_plan.py checks the memory against the estimate on the paper's 8-GPU setting).
 """
 
 from __future__ import annotations
@@ -42,14 +42,8 @@ from tspbench.predict.costmodel import (
     load_hardware,
     memory_breakdown,
 )
+from tspbench.predict.costmodel.memory import ALLOCATOR_RESERVE, RUNTIME_HEADROOM, reserved_bytes
 
-ALLOCATOR_RESERVE = 0.10
-"""The caching allocator's reserve beyond the allocated peak, as a fraction of it (a stated assumption, not fitted:
-PyTorch's caching allocator rounds large blocks up and keeps freed segments cached, so its reserved peak exceeds the
-allocated one; docs/method.md#choice-peak-memory)."""
-RUNTIME_HEADROOM = 2e9
-"""Bytes of the device the model's allocations cannot use (a stated assumption: the CUDA / ROCm context and the
-NCCL / RCCL communicators' buffers, about 1 GB each)."""
 BATCHES = (1, 2, 4)
 """Micro-batch sizes (sequences per replica per step) tried by default."""
 MAX_DEGREE = 64
@@ -173,7 +167,7 @@ def fits_device(
 ) -> bool:
     """A layout fits when its modelled peak, with the allocator's reserve on top, leaves the runtime's headroom:
     mem · (1 + reserve) + headroom ≤ capacity."""
-    return mem_bytes * (1.0 + reserve) + headroom <= capacity
+    return reserved_bytes(mem_bytes, reserve) + headroom <= capacity
 
 
 def margin_pct(ranked: list[Layout], i: int) -> float | None:

@@ -38,6 +38,7 @@ from tspbench.parallel import ParallelConfig
 from tspbench.paths import conf_dir
 from tspbench.predict.costmodel import Workload, cluster_throughput, flops_per_token, memory_breakdown
 from tspbench.predict.costmodel.hardware import HardwareProfile, shared_profile
+from tspbench.predict.costmodel.memory import ALLOCATOR_RESERVE, RUNTIME_HEADROOM, reserved_bytes
 
 QUANTITIES = ("tokens_per_s_per_gpu", "mfu_pct", "peak_mem_gib", "step_s")
 FLOPS_CONVENTIONS = ("palm", "megatron_eq3")
@@ -67,7 +68,9 @@ class Row:
     micro_batch: int
     """Sequences per micro-batch per replica."""
     recompute: str
-    """none, selective or full (the source's mode mapped onto ours; see notes)."""
+    """none, selective or full (the source's mode mapped onto ours; see notes), or a published framework's policy the
+    cost model prices for published rows only (costmodel.activations.PUBLISHED_POLICIES: op_sac, torchtitan's
+    op-level selective activation checkpointing)."""
     precision: str
     """bf16 (in scope) or what the source used."""
     measured: dict[str, float]
@@ -79,7 +82,13 @@ class Row:
     """FLOPs convention of the published MFU: palm (6N + 12·L·h·S per token) or megatron_eq3 (Narayanan et al.
     2021, Eq. 3: the blocks' GEMMs ×4, recompute forward included, + the LM head's 6·V·h)."""
     memory_kind: str = ""
-    """allocated, reserved, device-used or unknown, as the source says (the quote that says so in `notes`)."""
+    """Which memory the published peak is (MEMORY_KINDS): allocated (torch.cuda.max_memory_allocated), reserved (the
+    caching allocator's max_memory_reserved), device_used (what nvidia-smi / rocm-smi show: reserved + the runtime
+    context and communicator buffers) or unknown; the evidence in `notes`. The prediction compared with it is the
+    same memory (`predicted_memory_gib`); unknown is compared as allocated, and says so."""
+    memory_out_of_scope: str | None = None
+    """Why the row's peak memory is not predicted although its time is (e.g. a stack that changes what its
+    checkpointing policy saves); None: compared whenever the row is in scope and publishes a peak."""
     stack: str = ""
     """The implementation as the source ran it, its parts joined by "+": eager (PyTorch eager), torch_compile,
     float8, transformer_engine, deepspeed, cpu_offload, … Optional: "" (the default, and every row written before
@@ -110,6 +119,11 @@ def load_rows(paths: list[Path]) -> list[Row]:
                 raw["model"] = dict(models[name], name=name)
             if raw.get("subset") not in SUBSETS:
                 raise ValueError(f"{path}: row {raw.get('id')}: subset={raw.get('subset')!r}; allowed: {SUBSETS}")
+            publishes_memory = any(k.startswith("peak_mem") for k in raw.get("measured", {}))
+            if publishes_memory and raw.get("memory_kind") not in MEMORY_KINDS:  # unstated or free text (older files)
+                said = raw.get("memory_kind")
+                raw["memory_kind"] = "unknown"
+                raw["notes"] = (raw.get("notes", "") + f" [memory_kind {said!r} read as unknown]").strip()
             if raw.get("flops", "palm") not in FLOPS_CONVENTIONS:
                 raise ValueError(
                     f"{path}: row {raw.get('id')}: flops={raw.get('flops')!r}; allowed: {FLOPS_CONVENTIONS}"
@@ -134,6 +148,22 @@ def memory_parallel(row: Row, par: ParallelConfig) -> ParallelConfig:
     if row.layout.get("fsdp"):
         return ParallelConfig(scheme="fsdp_sp", degree=1, dp=row.gpus, dp_shard=row.gpus, recompute=row.recompute)
     return par
+
+
+MEMORY_KINDS = ("allocated", "reserved", "device_used", "unknown")
+"""The memories a published peak can be (`Row.memory_kind`)."""
+
+
+def predicted_memory_gib(row: Row, allocated_bytes: float, reserve: float = ALLOCATOR_RESERVE) -> float:
+    """The model's peak in the memory the row publishes (GiB): the allocated peak, the caching allocator's reserved
+    peak (`reserved_bytes`, `reserve` a priori ALLOCATOR_RESERVE; tspbench/predict/fit.py fits it on calibration rows)
+    or the device's used memory (reserved + RUNTIME_HEADROOM: the runtime context and communicator buffers). A row of
+    unknown kind is compared as allocated."""
+    if row.memory_kind == "reserved":
+        return reserved_bytes(allocated_bytes, reserve) / GIB
+    if row.memory_kind == "device_used":
+        return (reserved_bytes(allocated_bytes, reserve) + RUNTIME_HEADROOM) / GIB
+    return allocated_bytes / GIB
 
 
 MODELLED_STACK = frozenset({"eager", "torch_compile", "float8"})
@@ -164,9 +194,15 @@ def stack_hardware(row: Row, hw: HardwareProfile) -> HardwareProfile:
     )
 
 
-def predict(row: Row, hardware: Callable[[HardwareProfile], HardwareProfile] | None = None) -> dict[str, float | None]:
-    """The cost model's tokens/s per GPU, MFU (%) and peak memory (GiB) for one row; `hardware` replaces constants of
-    the row's profile (tspbench/predict/fit.py's fitted ones), None: the profile as it is."""
+def predict(
+    row: Row,
+    hardware: Callable[[HardwareProfile], HardwareProfile] | None = None,
+    reserve: float = ALLOCATOR_RESERVE,
+) -> dict[str, float | None]:
+    """The cost model's tokens/s per GPU, MFU (%) and peak memory (GiB, the memory the row publishes:
+    `predicted_memory_gib`, with the allocator's `reserve`) for one row; `hardware` replaces constants of the row's
+    profile (tspbench/predict/fit.py's fitted ones), None: the profile as it is. The memory is None when the row's
+    memory is out of scope (`Row.memory_out_of_scope`)."""
     model = ModelConfig(**row.model)
     lay = {k: v for k, v in row.layout.items() if k not in ("fsdp", "overlap")}
     degree = int(lay.get("degree", 1))
@@ -179,11 +215,12 @@ def predict(row: Row, hardware: Callable[[HardwareProfile], HardwareProfile] | N
     ct = cluster_throughput(par, work, hw, row.gpus, overlap=overlap)
     tps = ct["tokens_per_s_per_device"]
     model_flops = published_flops_per_token(model, row.seq_len, row.flops)
-    mem = memory_breakdown(memory_parallel(row, par), work)["total"]
+    mem = None if row.memory_out_of_scope else memory_breakdown(memory_parallel(row, par), work)["total"]
     return {
         "tokens_per_s_per_gpu": tps,
         "mfu_pct": 100.0 * tps * model_flops / base.peak_flops("bfloat16"),  # of the bf16 peak, as published
-        "peak_mem_gib": mem / GIB,
+        "peak_mem_gib": None if mem is None else predicted_memory_gib(row, mem, reserve),
+        "allocated_mem_gib": None if mem is None else mem / GIB,
         "step_s": ct["step_s"],
         "exposed_comm_s": ct["step_s"] - ct["compute_s"],
     }
@@ -224,7 +261,8 @@ def record(row: Row) -> dict[str, Any]:
             continue
         p = pred.get(q)
         if p is None:
-            rec["quantity_out_of_scope"][q] = "the cost model gives no prediction of it for this layout"
+            why = row.memory_out_of_scope if q == "peak_mem_gib" and row.memory_out_of_scope else None
+            rec["quantity_out_of_scope"][q] = why or "the cost model gives no prediction of it for this layout"
             continue
         rec["error_pct"][q] = 100.0 * (p - row.measured[q]) / row.measured[q]
     return rec

@@ -150,11 +150,46 @@ def layer_activation_bytes(par: ParallelConfig, work: Workload) -> float:
     )
 
 
+PUBLISHED_POLICIES = ("op_sac",)
+"""Recompute policies the cost model prices for PUBLISHED rows only (tspbench/predict/published.py), never run by a
+scheme here (validate_parallel refuses them; docs/method.md#published-policies): op_sac is torchtitan's op-level
+selective activation checkpointing (`op_sac_saved_bytes`)."""
+
+
+def op_sac_saved_bytes(par: ParallelConfig, work: Workload) -> float:
+    """What one block keeps under torchtitan's op-level selective activation checkpointing (torchtitan
+    parallelisms/parallelize_llama.py @9dec370 and models/llama3/parallelize_llama.py @e7c0cae: `_save_list`,
+    `_custom_policy`), as eager bf16 PyTorch runs it: each block is checkpointed with a policy that saves the outputs
+    of aten.mm except every second one (the counter restarts per block and counts the block's seven projections in
+    forward order wq, wk, wv, wo, w1, w3, w2: wq, wv, w1 and w2 are saved, wk, wo and w3 recomputed) and of the
+    SDPA flash kernel (its output and fp32 log-sum-exp); every other op is recomputed from the block input, which the
+    checkpoint keeps. Per token: input h, wq's h, wv's n_kv·d, the kernel output h, w1's ffn, w2's h (all ·b) and
+    n_h·4 bytes of log-sum-exp. Priced for layouts without tensor or sequence split (FSDP, DDP), the only ones the
+    published rows run it on; float8 (whose _scaled_mm is not in the save list, and whose abs/max are) and
+    torch.compile (whose partitioner decides what is saved) change the set, so those rows' memory is not priced by
+    it (published.py `memory_in_scope`)."""
+    model, geo, b = work.model, geometry(par, work), work.elem_bytes
+    if geo.t != 1 or par.degree > 1 or geo.n_gemm != geo.n_res:
+        raise ValueError(f"recompute=op_sac is priced for layouts without tensor or sequence split, not {par.label()}")
+    h, kv_d = model.dim, model.n_kv_heads * model.head_dim
+    return geo.n_res * ((4 * h + kv_d + model.ffn_hidden) * b + model.n_heads * 4)
+
+
+def rebuilt_in_backward(par: ParallelConfig) -> bool:
+    """Whether backward re-runs a block's forward before differentiating it (its activations are then temporaries
+    of that block's backward): full recompute, and torchtitan's op-level SAC (whose replay rebuilds everything it
+    did not save)."""
+    return par.recompute in ("full", "op_sac")
+
+
 def stored_per_layer(par: ParallelConfig, work: Workload) -> float:
     """What each block keeps from its forward until its backward: its input alone under full recompute (h·b per
-    residual token; the block is rebuilt in backward), else everything it saves (`layer_activation_bytes`)."""
+    residual token; the block is rebuilt in backward), the op-level SAC's saved outputs under op_sac
+    (`op_sac_saved_bytes`), else everything it saves (`layer_activation_bytes`)."""
     if par.recompute == "full":
         return geometry(par, work).n_res * work.model.dim * work.elem_bytes
+    if par.recompute == "op_sac":
+        return op_sac_saved_bytes(par, work)
     return layer_activation_bytes(par, work)
 
 

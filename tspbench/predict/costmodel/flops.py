@@ -68,6 +68,8 @@ def hardware_flops_per_token(
                        is one autograd Function, so its replay runs whole
       selective        the attention kernel's forward again (4·S·n_h·d·½ per layer), except for tsp, whose
                        selective executes as none (docs/method.md#tsp-backward)
+      op_sac           (published rows only: torchtitan's op-level SAC, activations.op_sac_saved_bytes) the forward
+                       of the three projections it does not save, W_K, W_O and W_up (w3)
     tests/integration/test_estimate.py holds this equal to the counter for every scheme × recompute mode."""
     model, seq_len, mode = work.model, work.seq_len, work.mode
     n_layers = model.n_layers if layers is None else layers
@@ -83,4 +85,7 @@ def hardware_flops_per_token(
         total -= n_layers * 2 * model.ffn_hidden * model.dim if par.scheme != "tsp" else 0.0
     if selective_reruns_kernel(par):
         total += n_layers * attn
+    if par.recompute == "op_sac":  # torchtitan's op-level SAC replays the projections it did not save: wk, wo, w3
+        total += n_layers * 2 * model.dim * (model.n_kv_heads * model.head_dim + model.n_heads * model.head_dim)
+        total += n_layers * 2 * model.dim * model.ffn_hidden
     return total

@@ -277,6 +277,8 @@ def layer_shape_time_s(par: ParallelConfig, work: Workload, hw: HardwareProfile,
             calls += g.backward()
             if par.recompute == "full" and (par.scheme == "tsp" or g.name != "down"):
                 calls.append(g)
+            if par.recompute == "op_sac" and g.name in ("k", "o", "up"):  # torchtitan's op SAC: the unsaved mm's
+                calls.append(g)
         for c in calls:
             flops += c.flops
             seconds += c.flops / (peak * gemm_efficiency(c.m, c.n, c.k, work.dtype, hw))

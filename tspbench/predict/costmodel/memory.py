@@ -23,6 +23,7 @@ from tspbench.predict.costmodel.activations import (
     head_saved_bytes,
     kv_cache_bytes,
     layer_backward_working_set,
+    rebuilt_in_backward,
     ring_buffer_bytes,
     stored_per_layer,
 )
@@ -36,6 +37,24 @@ from tspbench.predict.costmodel.params import (
     state_bytes_per_param,
 )
 from tspbench.predict.costmodel.workload import TRAINING, Training, Workload
+
+ALLOCATOR_RESERVE = 0.10
+"""The caching allocator's reserve beyond the allocated peak, as a fraction of it (a stated a-priori assumption:
+PyTorch's caching allocator rounds large blocks up to 2 MiB / 20 MiB segments and keeps freed segments cached, so its
+reserved peak, torch.cuda.max_memory_reserved, exceeds the allocated one, max_memory_allocated;
+docs/method.md#choice-peak-memory). `reserved_bytes` applies it; tspbench/predict/fit.py fits it on the calibration
+rows that publish a reserved peak, and `python -m tspbench.validate` prints both."""
+
+
+RUNTIME_HEADROOM = 2e9
+"""Bytes of the device the model's allocations cannot use (a stated assumption: the CUDA / ROCm context and the
+NCCL / RCCL communicators' buffers, about 1 GB each)."""
+
+
+def reserved_bytes(allocated: float, reserve: float = ALLOCATOR_RESERVE) -> float:
+    """The caching allocator's reserved peak for an allocated peak: allocated · (1 + reserve)."""
+    return allocated * (1.0 + reserve)
+
 
 MEMORY_KEYS = ("params", "grads", "optimizer", "activations", "temporaries", "comm_buffers", "kv_cache")
 """The categories of a phase (and of `memory_breakdown`), in the order they are summed into its total."""
@@ -293,7 +312,7 @@ def _layer_moment(
     if moment == "col":  # W_down's gradient is attached; gate's and up's are just computed (not yet .grad)
         g += grads.mlp / 3
         col_wgrads = 2 * grads.mlp / 3
-    if step.par.recompute == "full":  # the layer's activations are rebuilt in backward: temporaries
+    if rebuilt_in_backward(step.par):  # the layer's activations are rebuilt in backward: temporaries
         act = n_stored * lb.stored
         comm_b = comm
         tmp = saved + extra - comm_b
