@@ -219,6 +219,7 @@ def fit_reserve(rows: Iterable[Row]) -> ReserveFit | None:
         return None
     alloc = {r.id: float(predict(r)["allocated_mem_gib"] or 0.0) for r in cal}
     value = math.exp(statistics.fmean(math.log(r.measured[MEMORY] / alloc[r.id]) for r in cal)) - 1.0
+
     def signed(r: Row, reserve: float | None = None) -> float:
         pred = predict(r) if reserve is None else predict(r, reserve=reserve)
         return 100.0 * (float(pred[MEMORY] or 0.0) - r.measured[MEMORY]) / r.measured[MEMORY]

@@ -76,7 +76,8 @@ class HardwareProfile:
     (tspbench.measure.flops.peak_flops). Empty: no device maps to it (cpu)."""
     attention_forward_efficiency: float | None = None
     """Fraction of peak the attention kernel reaches in forward; None = matmul_efficiency (the datasheet assumption).
-    Set only by a calibration file (`calibration`)."""
+    Set by the profile from a published figure of the kernel PyTorch's SDPA runs there (cited beside it), or by a
+    calibration file (`calibration`), which replaces it."""
     attention_backward_efficiency: float | None = None
     """The same for the attention kernel's backward."""
     calibration: str | None = None
