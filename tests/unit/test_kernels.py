@@ -163,7 +163,7 @@ def test_curves_are_16_bit_only():
     assert fp32 == hw.matmul_efficiency != attention_efficiency(many, 8192, 1, 128, "unmasked", "fwd", 1, hw)
 
 
-def test_shape_checks_time_every_distinct_call_beside_the_model():
+def test_shape_checks_time_every_distinct_call_beside_the_model(tmp_path):
     """gpu_check shapes=true's machinery on the CPU (times mean nothing here): every distinct attention call (forward
     and backward) and GEMM shape of a layer is timed once and carries the model's efficiency beside the measured
     one; the command refuses to run without CUDA."""
@@ -181,3 +181,51 @@ def test_shape_checks_time_every_distinct_call_beside_the_model():
     assert gemm == shapes and len(recs) == 2 * len(attn) + len(gemm)
     assert all(r["time_ms"] > 0 and 0 < r["modelled_efficiency"] <= 1 for r in recs)
     assert main(["device=cpu", "shapes=true"]) == 2  # needs CUDA: one line, exit 2
+    # the lines read back as a device's timed calls (the file load_hardware applies), every call found by its key
+    import json
+
+    from tspbench.predict.costmodel.hardware import apply_shapes, shape_key
+
+    path = tmp_path / "h200.shapes.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in recs if 0 < r["measured_efficiency"] <= 1))
+    hw = load_hardware("h200")
+    apply_shapes(hw, path)
+    assert hw.measured_shapes and all(shape_key(r["call"], r["shape"], r["what"]) in hw.measured_shapes for r in recs)
+
+
+def test_calls_timed_on_the_device_replace_the_published_curve(tmp_path):
+    """conf/hardware/<name>.shapes.jsonl (gpu_check shapes=true's lines): a timed call takes its measured efficiency;
+    an untimed call of the same class the model's value × the median measured ÷ modelled ratio; a malformed line is an
+    error naming it."""
+    import json
+    import shutil
+
+    import pytest
+
+    from tspbench.paths import conf_dir
+    from tspbench.predict.costmodel.hardware import load_hardware
+    from tspbench.predict.costmodel.kernels import attention_efficiency, gemm_efficiency
+
+    shutil.copy(conf_dir() / "hardware" / "h100.yaml", tmp_path / "h100.yaml")
+    plain = load_hardware("h100", tmp_path)
+    modelled_g = gemm_efficiency(8192, 4096, 4096, "bfloat16", plain)
+    modelled_a = attention_efficiency(8192, 8192, 4, 128, "causal", "fwd", 1, plain)
+    lines = [
+        {"call": "gemm", "what": "q", "shape": [8192, 4096, 4096], "measured_efficiency": 0.3,
+         "modelled_efficiency": modelled_g},
+        {"call": "attention", "what": "fwd", "shape": [8192, 8192, 4, 128, "causal", 1], "measured_efficiency": 0.2,
+         "modelled_efficiency": modelled_a},
+    ]  # fmt: skip
+    (tmp_path / "h100.shapes.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    hw = load_hardware("h100", tmp_path)
+    assert hw.shapes == "h100.shapes.jsonl"
+    assert gemm_efficiency(8192, 4096, 4096, "bfloat16", hw) == 0.3  # the timed call itself
+    assert attention_efficiency(8192, 8192, 4, 128, "causal", "fwd", 1, hw) == 0.2
+    other = gemm_efficiency(4096, 1024, 4096, "bfloat16", hw)  # not timed: scaled by 0.3 / modelled
+    assert other == pytest.approx(gemm_efficiency(4096, 1024, 4096, "bfloat16", plain) * 0.3 / modelled_g)
+    # no backward attention was timed: the backward keeps the model's value
+    bwd = attention_efficiency(8192, 8192, 4, 128, "causal", "bwd", 1, hw)
+    assert bwd == attention_efficiency(8192, 8192, 4, 128, "causal", "bwd", 1, plain)
+    (tmp_path / "h100.shapes.jsonl").write_text('{"call": "gemm", "shape": [1, 2, 3]}\n')
+    with pytest.raises(ValueError, match=r"h100.shapes.jsonl:1: needs call, what, shape"):
+        load_hardware("h100", tmp_path)

@@ -96,6 +96,12 @@ class HardwareProfile:
     """{batch, heads, head_dim} of the runs the attention points come from."""
     gemm_points: list[list[float]] | None = None
     """Published square bf16 GEMM throughput [[M = N = K, TFLOP/s], …]; None: none found (matmul_efficiency)."""
+    measured_shapes: dict[tuple, tuple[float, float]] | None = None
+    """Kernel calls timed on this device (conf/hardware/<name>.shapes.jsonl, the lines `python -m tspbench.gpu_check
+    shapes=true` prints, `apply_shapes`): call key → (measured, modelled-at-measurement) fraction of the bf16 peak.
+    Where present they replace the published curves (costmodel/kernels.py `measured_or`); None: no file."""
+    shapes: str | None = None
+    """The shapes file applied, or None."""
 
     @property
     def efficiency_source(self) -> str:
@@ -169,7 +175,44 @@ def load_hardware(name: str, conf_dir: str | Path | None = None) -> HardwareProf
     calib = path.with_name(f"{name}.calibration.json")
     if calib.exists():
         apply_calibration(profile, calib)
+    shapes = path.with_name(f"{name}.shapes.jsonl")
+    if shapes.exists():
+        apply_shapes(profile, shapes)
     return profile
+
+
+def shape_key(call: str, shape: list | tuple, what: str) -> tuple:
+    """The key of one timed kernel call: ("attention", q, k, heads, head_dim, mask, batch, fwd | bwd) or ("gemm", m,
+    n, k) (a GEMM's time does not depend on which projection it is)."""
+    return ("attention", *shape, what) if call == "attention" else ("gemm", *shape)
+
+
+def apply_shapes(profile: HardwareProfile, path: Path) -> None:
+    """Read the kernel calls timed on this device (one JSON object per line as `gpu_check shapes=true` prints them:
+    call, what, shape, measured_efficiency, modelled_efficiency) into `measured_shapes`. A malformed line is an
+    error naming the line, never skipped."""
+    import json
+
+    table: dict[tuple, tuple[float, float]] = {}
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+            call, eff, model = rec["call"], float(rec["measured_efficiency"]), float(rec["modelled_efficiency"])
+            shape, what = list(rec["shape"]), str(rec["what"])
+        except (ValueError, KeyError, TypeError) as e:
+            raise ValueError(
+                f"{path}:{n}: needs call, what, shape, measured_efficiency, modelled_efficiency ({e})"
+            ) from None
+        if call not in ("attention", "gemm") or not (0 < eff <= 1) or not (0 < model <= 1):
+            raise ValueError(f"{path}:{n}: call must be attention or gemm and both efficiencies in (0, 1]; got {rec}")
+        table[shape_key(call, shape, what)] = (eff, model)
+    if not table:
+        raise ValueError(f"{path}: no timed kernel call; delete it or fill it from `gpu_check shapes=true`")
+    profile.measured_shapes = table
+    profile.shapes = path.name
+    profile.sources.append(f"kernel calls timed on the device: {path.name} ({len(table)} call shapes)")
 
 
 POINT_MASKS = ("causal", "unmasked")

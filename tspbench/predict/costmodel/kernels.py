@@ -14,6 +14,12 @@ Where a profile has no published curve (no `compute_units`, no points for that m
 than the source's, a non-16-bit dtype) the asymptote is the profile's `matmul_efficiency` (the flat assumption), still
 times the call's wave factor when `compute_units` is known. FLOP conventions are the sources' and
 flops.py's: a causal block counts half its q·k pairs, a flash backward 2.5 forwards.
+
+Measured on the device replaces published (`measured_or`): when conf/hardware/<name>.shapes.jsonl holds the calls
+`python -m tspbench.gpu_check shapes=true` timed there (scripts/device_check.sh brings them back), a call timed
+takes its measured efficiency, and every other call of its class the model's value scaled by the median measured ÷
+modelled ratio of the timed ones. Caveat: the H100 curves are FlashAttention-3's, while PyTorch's SDPA runs
+FlashAttention-2 (the flat profile's attention_*_efficiency says so): a device's timed calls are the remedy.
 """
 
 from __future__ import annotations
@@ -79,6 +85,25 @@ def attention_curve(hw: HardwareProfile, k_tokens: int, head_dim: int, mask: str
     return _interp(points, k_tokens, norm)
 
 
+def measured_or(hw: HardwareProfile, key: tuple, modelled: float) -> float:
+    """A kernel call's efficiency where the device's timed calls say it (`HardwareProfile.measured_shapes`, from
+    `gpu_check shapes=true`): the measured value for exactly this call; for a call not timed, the model's value × the
+    median measured ÷ modelled ratio of the timed calls of its class (attention forward, attention backward, GEMM),
+    so the measurements replace the published curve's level everywhere; without timed calls, the model's value."""
+    table = hw.measured_shapes
+    if not table:
+        return modelled
+    if key in table:
+        return table[key][0]
+    same = [m / mod for k, (m, mod) in table.items() if k[0] == key[0] and (k[0] == "gemm" or k[-1] == key[-1])]
+    if not same:
+        return modelled
+    same.sort()
+    mid = len(same) // 2
+    ratio = same[mid] if len(same) % 2 else (same[mid - 1] + same[mid]) / 2
+    return min(1.0, modelled * ratio)
+
+
 def attention_efficiency(
     q_tokens: int,
     k_tokens: int,
@@ -99,7 +124,9 @@ def attention_efficiency(
     curve = attention_curve(hw, k_tokens, head_dim, mask, direction) if dtype in HALF else None
     base = hw.matmul_efficiency if curve is None else curve
     rows = q_tokens if direction == "fwd" else k_tokens
-    return min(1.0, base * wave_factor(_attention_tiles(rows, heads, batch), hw))
+    modelled = min(1.0, base * wave_factor(_attention_tiles(rows, heads, batch), hw))
+    key = ("attention", q_tokens, k_tokens, heads, head_dim, mask, batch, direction)
+    return measured_or(hw, key, modelled) if dtype in HALF else modelled
 
 
 def gemm_efficiency(m: int, n: int, k: int, dtype: str, hw: HardwareProfile) -> float:
@@ -110,7 +137,8 @@ def gemm_efficiency(m: int, n: int, k: int, dtype: str, hw: HardwareProfile) -> 
         peak = hw.peak_flops_bf16 / 1e12
         tiles = lambda s: math.ceil(s / TILE) ** 2  # noqa: E731 (the square source shape)
         base = _interp(hw.gemm_points, k, lambda x, tf: tf / peak / wave_factor(tiles(int(x)), hw))
-    return min(1.0, base * wave_factor(math.ceil(m / TILE) * math.ceil(n / TILE), hw))
+    modelled = min(1.0, base * wave_factor(math.ceil(m / TILE) * math.ceil(n / TILE), hw))
+    return measured_or(hw, ("gemm", m, n, k), modelled) if dtype in HALF else modelled
 
 
 # ---------------------------------------------------------------------------------------------- kernel calls
