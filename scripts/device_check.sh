@@ -23,7 +23,8 @@
 # no-ops) and the GEMM / attention efficiencies, written to $OUT/h200.calibration.json (commit it beside
 # conf/hardware/h200.yaml for the time model to use it). (5) kernel shapes: `gpu_check shapes=true`, each distinct
 # attention / GEMM call of the headline's layouts at 128K timed beside the kernel-shape model ($OUT/gpu_shapes.jsonl;
-# commit it as conf/hardware/h200.shapes.jsonl and the kernel-shape pricing uses the measured calls, costmodel/kernels.py).
+# commit it as conf/hardware/<profile>.shapes.jsonl, here h200, and the kernel-shape pricing uses the measured
+# calls, costmodel/kernels.py).
 set -uo pipefail
 DRY=0
 if [ "${1:-}" = "--dry-run" ]; then DRY=1; shift; fi
