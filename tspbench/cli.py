@@ -28,6 +28,65 @@ CONF_DIR = conf_dir()
 """The configuration root (model/, scheme_opts/, hardware/, exp/, faults/ groups; tspbench.paths)."""
 
 
+HF_PREFIX = "hf:"
+"""`model=hf:PATH`: a Hugging Face config.json (or the directory holding one) instead of a preset."""
+
+
+def hf_model_config(spec: str) -> ModelConfig:
+    """`hf:PATH` → the ModelConfig of the Hugging Face config.json at PATH (a .json file or a directory with
+    config.json; relative paths from the working directory, then from the repository root), named after the
+    file (or directory). One-line ConfigError when it is missing or not representable."""
+    import json
+    from pathlib import Path
+
+    from tspbench.hf.convert import model_config_from_hf
+
+    raw = Path(spec.removeprefix(HF_PREFIX))
+    candidates = [raw, CONF_DIR.parent / raw] if not raw.is_absolute() else [raw]
+    for path in candidates:
+        path = path / "config.json" if path.is_dir() else path
+        if path.is_file():
+            try:
+                data = json.loads(path.read_text())
+            except json.JSONDecodeError as e:
+                raise ConfigError(f"model={spec}: {path} is not JSON ({e.msg}, line {e.lineno})") from None
+            name = path.parent.name if path.name == "config.json" else path.stem
+            return model_config_from_hf(data, name=name)
+    raise ConfigError(f"model={spec}: no such file; allowed: hf:PATH to a config.json or a directory holding one")
+
+
+def model_from_name(name: str) -> ModelConfig:
+    """A preset name (conf/model/NAME.yaml) or `hf:PATH` as a ModelConfig: what `model=` means in every command."""
+    from tspbench.config import model_preset
+
+    return hf_model_config(name) if name.startswith(HF_PREFIX) else model_preset(name)
+
+
+def expand_hf_model(overrides: list[str]) -> list[str]:
+    """Command-line overrides with `model=hf:PATH` replaced by one `model.FIELD=VALUE` per ModelConfig field (Hydra
+    composes those onto the config's default preset, and later `model.FIELD=` overrides still apply)."""
+    out: list[str] = []
+    for o in overrides:
+        key, sep, value = o.partition("=")
+        if sep and key.lstrip("+~") == "model" and value.startswith(HF_PREFIX):
+            cfg = hf_model_config(value)
+            out += [f"model.{f.name}={_hydra_value(getattr(cfg, f.name))}" for f in dataclasses.fields(cfg)]
+        else:
+            out.append(o)
+    return out
+
+
+def _hydra_value(v: Any) -> str:
+    """A value as a Hydra override writes it (a nested dataclass as a {key:value} dict)."""
+    if dataclasses.is_dataclass(v) and not isinstance(v, type):
+        return "{" + ",".join(f"{f.name}:{_hydra_value(getattr(v, f.name))}" for f in dataclasses.fields(v)) + "}"
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return str(v).lower()
+    return repr(v) if isinstance(v, float) else str(v)
+
+
 def register() -> ConfigStore:
     """The schemas every config root shares (the `model` group is typed by ModelConfig)."""
     cs = ConfigStore.instance()
@@ -45,6 +104,7 @@ def compose(config_name: str, overrides: list[str]) -> Any:
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
+    overrides = expand_hf_model(overrides)  # model=hf:PATH (before Hydra, which knows only presets)
     try:
         with initialize_config_dir(str(CONF_DIR), version_base=None):
             cfg = hydra_compose(config_name, overrides=overrides)

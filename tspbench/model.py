@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tspbench.attention import causal_attention
-from tspbench.config import ModelConfig
+from tspbench.config import ModelConfig, Rope
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -57,9 +57,27 @@ class RMSNorm(nn.Module):
         return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
 
 
-def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
-    """cos/sin tables [S_loc, d/2] for the given *global* token positions."""
-    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float64) / head_dim))
+def rope_inv_freq(head_dim: int, rope: float | Rope, device: torch.device | str = "cpu") -> torch.Tensor:
+    """RoPE's inverse frequencies [d/2] in float64: θ^(−2i/d), with Llama 3.1's `llama3` scaling when `rope` has
+    one (Hugging Face's _compute_llama3_parameters, the same formula, in float64 rather than float32)."""
+    theta, scaling = (rope.theta, rope.scaling) if isinstance(rope, Rope) else (rope, None)
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float64) / head_dim))
+    if scaling is None:
+        return inv
+    old = scaling.original_max_position_embeddings
+    low_wavelen, high_wavelen = old / scaling.low_freq_factor, old / scaling.high_freq_factor
+    wavelen = 2 * math.pi / inv
+    scaled = torch.where(wavelen > low_wavelen, inv / scaling.factor, inv)  # long wavelengths: divided by factor
+    smooth = (old / wavelen - scaling.low_freq_factor) / (scaling.high_freq_factor - scaling.low_freq_factor)
+    smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)  # between the two: interpolated
+    return torch.where(medium, smoothed, scaled)
+
+
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float | Rope, dtype: torch.dtype):
+    """cos/sin tables [S_loc, d/2] for the given *global* token positions. `theta`: the RoPE base, or a Rope
+    (ModelConfig.rope: base and scaling)."""
+    inv = rope_inv_freq(head_dim, theta, positions.device)
     ang = positions.to(torch.float64)[:, None] * inv[None, :]
     return ang.cos().to(dtype), ang.sin().to(dtype)
 
@@ -192,7 +210,7 @@ class Attention(nn.Module, CoreAttention):
         super().__init__()
         h, d = cfg.dim, cfg.head_dim
         self.head_dim = d
-        self.rope_theta = cfg.rope_theta
+        self.rope = cfg.rope  # base and scaling
         self.kv: LayerKV | None = None
         self.wq = nn.Parameter(torch.empty(cfg.n_heads * d, h))  # [n_h·d, h]
         self.wk = nn.Parameter(torch.empty(cfg.n_kv_heads * d, h))  # [n_kv·d, h]
@@ -201,7 +219,7 @@ class Attention(nn.Module, CoreAttention):
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         # x: [B, S, h]; positions: [S] = arange(S) for the reference
-        q, k, v = project_qkv(x, self.wq, self.wk, self.wv, positions, self.head_dim, self.rope_theta)
+        q, k, v = project_qkv(x, self.wq, self.wk, self.wv, positions, self.head_dim, self.rope)
         offset = 0
         if self.kv is not None:  # serving: attend to the cache too
             offset = self.kv.length
@@ -210,13 +228,13 @@ class Attention(nn.Module, CoreAttention):
         return F.linear(o.transpose(1, 2).flatten(2), self.wo)
 
 
-def project_qkv(x, wq, wk, wv, positions, head_dim: int, theta: float):
+def project_qkv(x, wq, wk, wv, positions, head_dim: int, theta: float | Rope):
     """Q, K, V for the heads whose weight rows are given, RoPE'd at the given global positions.
     Returns q [B, n_q, S_loc, d], k, v [B, n_kv, S_loc, d]."""
     return rope_heads(linear(x, wq), linear(x, wk), linear(x, wv), positions, head_dim, theta)
 
 
-def rope_heads(xq, xk, xv, positions, head_dim: int, theta: float):
+def rope_heads(xq, xk, xv, positions, head_dim: int, theta: float | Rope):
     """The projections' outputs [B, S_loc, heads·d] as heads: q, k RoPE'd at the given global positions, v as is
     (a scheme that computes the projections itself, e.g. Megatron's column-parallel linear, continues here).
     Returns q [B, n_q, S_loc, d], k, v [B, n_kv, S_loc, d]."""
@@ -263,6 +281,8 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.lm_head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:  # one parameter (named embed.weight), as Hugging Face's tie_word_embeddings
+            self.lm_head.weight = self.embed.weight
         self.set_recompute(recompute)
 
     def set_recompute(self, recompute: str) -> None:
@@ -297,6 +317,8 @@ class Transformer(nn.Module):
         (defaults to 0…S−1)."""
         if positions is None:
             positions = torch.arange(tokens.shape[1], device=tokens.device)
+        if self.cfg.sliding_window is not None:
+            self._check_window(positions)
         x = self.embed(tokens)
         for block in self.layers:
             if self.recompute == "full" and torch.is_grad_enabled():
@@ -304,6 +326,15 @@ class Transformer(nn.Module):
             else:
                 x = block(x, positions)
         return self.lm_head(self.norm(x))
+
+    def _check_window(self, positions: torch.Tensor) -> None:
+        """Full causal attention equals a sliding window only while every position is inside the window."""
+        last = int(positions.max()) if positions.numel() else 0
+        if last >= typing.cast(int, self.cfg.sliding_window):
+            raise ValueError(
+                f"position {last} is beyond model.sliding_window={self.cfg.sliding_window}: sliding-window attention "
+                f"is not implemented; use sequences of at most {self.cfg.sliding_window} tokens"
+            )
 
 
 def token_loss_sum(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

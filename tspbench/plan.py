@@ -9,6 +9,13 @@ and the validation error that applies (tspbench.predict.published's median |erro
 `out=PATH` writes one JSONL record per fitting layout (docs/records.md#plan-records) through
 tspbench.record.store.write_records (atomic, each record guarded); the report draws their memory–throughput Pareto
 front (tspbench/report/pareto.py).
+
+What fits (`fit=true`, or the subcommand `python -m tspbench.plan fit ...`; tspbench/predict/maxfit.py): for the same
+model, device and count, the longest sequence each scheme and option set trains at under each recompute mode (at the
+group size where it fits longest), with the memory breakdown of the term that breaks first, by the same fit rule
+(predict/planner.py fits_device); with `family=NAME`, the largest model of that family that trains at `seq_len`.
+`out=PATH` then writes "fit" records (their keys: tspbench/predict/maxfit.py fit_records), which the report draws
+against GPU memory.
 """
 
 from __future__ import annotations
@@ -19,8 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tspbench import cli
-from tspbench.config import GB, ConfigError, model_preset
-from tspbench.parallel import MLP_EXCHANGES, SCHEMES, SP_VARIANTS, VOCAB, LayoutOptions, scheme
+from tspbench.config import GB, ConfigError
+from tspbench.parallel import MLP_EXCHANGES, RECOMPUTE, SCHEMES, SP_VARIANTS, VOCAB, LayoutOptions, scheme
+from tspbench.predict.maxfit import SEQ_MULTIPLE
 from tspbench.predict.planner import (
     BATCHES,
     MAX_DEGREE,
@@ -74,10 +82,21 @@ class PlanConfig:
     """tsp: backward re-gathers K/V (true) and/or keeps the ones gathered last (false)."""
     dp_shards: list[int] = field(default_factory=lambda: [1])
     """fsdp_sp: replicas one FSDP shard group spans (1: HSDP within the replica; values not dividing dp skipped)."""
+    fit: bool = False
+    """What fits instead of a ranking: the longest sequence of each scheme and option set per recompute mode, the term
+    that breaks first (seq_len is ignored unless family= is given; the micro-batch is the first of `batches`)."""
+    family: str | None = None
+    """With fit=true: the largest model of this family that trains at seq_len (llama2 | llama3 | presets)."""
+    recomputes: list[str] = field(default_factory=lambda: list(RECOMPUTE))
+    """With fit=true: activation-recompute modes (none | selective | full)."""
+    seq_multiple: int = SEQ_MULTIPLE
+    """With fit=true: sequence lengths searched are multiples of this and of the layout's zigzag 2·Σ."""
 
 
 EXAMPLES = [
     "python -m tspbench.plan                                         # llama7b, 128K, 8 MI300X",
+    "python -m tspbench.plan fit hardware=h100 gpus=64               # the longest sequence each layout fits",
+    "python -m tspbench.plan fit=true family=llama2 seq_len=32768    # the largest Llama 2 that trains at 32K",
     "python -m tspbench.plan model=llama3_8b seq_len=32768 gpus=64 hardware=h100 top=5",
     "python -m tspbench.plan gpus=1024 schemes=tsp,fsdp_sp kv_bucket_heads=0,1 vocabs=auto,ring out=results/plan.jsonl",
 ]
@@ -110,7 +129,7 @@ def request(pc: PlanConfig) -> PlanRequest:
         dp_shards=tuple(pc.dp_shards),
     )
     return PlanRequest(
-        model_preset(pc.model),
+        cli.model_from_name(pc.model),
         pc.seq_len,
         pc.gpus,
         pc.hardware,
@@ -159,8 +178,84 @@ def verdict_line(ranked: list[Layout], req: PlanRequest, pc: PlanConfig) -> str:
     return f"Verdict ({c.setting}): {c.sentence()}"
 
 
+def fit_main(pc: PlanConfig, req: PlanRequest) -> int:
+    """`fit=true`: the longest sequence per option set and recompute mode (or, with family=, the largest model)."""
+    from tspbench.predict import maxfit
+
+    bad = [r for r in pc.recomputes if r not in RECOMPUTE]
+    if bad or not pc.recomputes:
+        raise ConfigError(f"recomputes={','.join(pc.recomputes)}: each must be one of {', '.join(RECOMPUTE)}")
+    if pc.seq_multiple < 1:
+        raise ConfigError(f"seq_multiple={pc.seq_multiple} must be ≥ 1")
+    if pc.gpus < 1 or pc.max_degree < 1:
+        raise ConfigError(f"gpus={pc.gpus} and max_degree={pc.max_degree} must be ≥ 1")
+    batch = pc.batches[0]
+    capacity = maxfit.FitRequest(req.model, pc.hardware, pc.gpus).capacity  # an unknown profile: one line here
+    rule = fit_line(req).replace("Fits: ", "Fit rule: ").replace("device memory", f"{capacity / GB:.0f} GB")
+    t0 = time.perf_counter()
+    if pc.family is not None:
+        models = maxfit.family(pc.family)
+        got = maxfit.largest_model(
+            models,
+            pc.seq_len,
+            pc.hardware,
+            pc.gpus,
+            schemes=req.schemes,
+            options=req.options,
+            max_degree=pc.max_degree,
+            batch=batch,
+        )
+        dt = time.perf_counter() - t0
+        print(
+            f"What fits (modelled, closed form, {dt:.2f} s): the {pc.family} family at S={pc.seq_len:,}, B={batch}, "
+            f"training on {pc.gpus} × {pc.hardware}; the leanest layout of each model (any recompute mode)"
+        )
+        for m in got:
+            mem = f"{m.mem_bytes / GB:7.1f} GB" if m.mem_bytes == m.mem_bytes else "      - "
+            print(f"  {m.model.name:14s} {'fits' if m.fit else 'does not fit':13s} {mem}  {m.layout}")
+        fits = [m for m in got if m.fit]
+        print(f"Largest that fits: {fits[-1].model.name if fits else 'none'}.")
+        print(rule)
+        return 0
+    freq = maxfit.FitRequest(req.model, pc.hardware, pc.gpus, batch, pc.seq_multiple)
+    pars = maxfit.cluster_layouts(freq, req.schemes, req.options, pc.max_degree, tuple(pc.recomputes))
+    found = maxfit.fit_cluster(freq, pars)
+    rows = maxfit.best_per_option_set(found)
+    dt = time.perf_counter() - t0
+    print(
+        f"What fits (modelled, closed form: costmodel.memory_breakdown, {len(found)} layouts searched in {dt:.2f} s): "
+        f"{req.model.name}, training (bf16, fp32 AdamW), B={batch}, on {pc.gpus} × {pc.hardware} "
+        f"({capacity / GB:.0f} GB each); the longest S per recompute mode, each option set at its best group size"
+    )
+    print("\n".join(maxfit.fit_table(freq, rows, tuple(pc.recomputes))))
+    print(rule + f" Lengths: multiples of {pc.seq_multiple} and of the layout's 2·Σ.")
+    print(
+        "Modelled memory agrees with the fake-tensor estimate within 1.1% on llama7b (costmodel/memory.py); "
+        "nothing here is measured."
+    )
+    if pc.out:
+        from tspbench.run.context import write_fit_records
+
+        recs = maxfit.fit_records(
+            req.model,
+            pc.gpus,
+            (pc.hardware,),
+            req.schemes,
+            req.options,
+            batch=batch,
+            seq_multiple=pc.seq_multiple,
+            max_degree=pc.max_degree,
+            recomputes=pc.recomputes,
+        )
+        written = write_fit_records(Path(pc.out), recs)
+        print(f"wrote {len(written)} fit records to {pc.out}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["fit"]:  # the subcommand spelling of fit=true
+        argv = ["fit=true", *argv[1:]]
     if cli.wants_help(argv):
         intro = (
             "Rank every implemented layout that fits the device's memory by predicted cluster tokens/s (closed-form "
@@ -171,6 +266,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         pc = cli.parse_options(PlanConfig, argv)
         req = request(pc)
+        if pc.family is not None and not pc.fit:
+            raise ConfigError("family= is a fit=true option: add fit=true (python -m tspbench.plan fit family=...)")
+        if pc.fit:
+            return fit_main(pc, req)
         t0 = time.perf_counter()
         ranked, n = plan(req)
         dt = time.perf_counter() - t0

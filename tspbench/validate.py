@@ -113,6 +113,9 @@ class ValidateConfig:
     """Published-measurement YAML files, shaped like conf/published/*.yaml (default: every file there)."""
     out: str = "results/validation.jsonl"
     """JSONL file the validation records are written to (docs/records.md#validation-records), atomically."""
+    peers_out: str = ""
+    """JSONL file the peers' estimates beside ours are written to (docs/records.md#peer-estimate-records), atomically;
+    "" (default): peers.jsonl beside `out`."""
 
 
 EXAMPLES = [
@@ -145,6 +148,13 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"\nwrote {len(written)} records to {out}" + (f" ({len(bad)} implausible: {bad[0]['reason']})" if bad else "")
     )
+    from tspbench.peers.estimators import peer_records, section  # last: the peers' estimators (docs/method.md#peers)
+
+    peers = peer_records(files)
+    print("\n" + section(records=peers))
+    peers_out = Path(vc.peers_out) if vc.peers_out else out.with_name("peers.jsonl")
+    write_records(peers_out, peers, kind="peer_estimate")
+    print(f"wrote {len(peers)} records to {peers_out}")
     return 0
 
 

@@ -44,6 +44,19 @@ def installed(tmp_path_factory) -> Path:
     return target
 
 
+def _files(root: Path) -> set[str]:
+    return {
+        str(p.relative_to(root))
+        for p in root.rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"
+    }
+
+
+def test_the_installed_conf_is_every_file_of_conf(installed):
+    """Every file under conf/ at any depth (conf/hydra/launcher/, conf/model/hf/, ...) is in the installed package."""
+    assert _files(ROOT / "conf") == _files(installed / "tspbench" / "conf")
+
+
 def run(installed: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(installed))
     env.pop("PYTHONSAFEPATH", None)

@@ -106,6 +106,13 @@ def test_renders_clean(report, tmp_path):
     assert int(b["data-scroll-width"]) <= WIDTH, "page overflows horizontally at 1280 px"
     assert {"claims-table", "evidence", "summary-table", "failures-table"} <= dom.ids
     assert {"trust-table", "fig-trust-img", "fig-pareto-0-img", "pareto-table-0"} <= dom.ids
+    # what fits (fit records) and the communication figure with its cost-model crossover (crossover records)
+    assert {"fig-fit-img", "fig-comm-img"} <= dom.ids
+    text = report.read_text()
+    comm = text[text.index('id="fig-comm"') : text.index("</figure>", text.index('id="fig-comm"'))]
+    assert "from S=32,768 (cost model" in comm and "interpolat" in comm
+    fit = text[text.index('id="fig-fit"') : text.index("</figure>", text.index('id="fig-fit"'))]
+    assert "Modelled" in fit and "not measured" in fit
 
 
 def test_self_check_catches_breakage(report, tmp_path):

@@ -626,3 +626,17 @@ def test_op_sac_prices_torchtitans_saved_outputs_and_is_refused_for_a_scheme():
         validate_parallel(m, par("op_sac"), 1024)
     with pytest.raises(ValueError, match="without tensor or sequence split"):
         stored_per_layer(ParallelConfig(scheme="tp", degree=2, recompute="op_sac"), w)
+
+
+def test_tied_embeddings_count_one_vocabulary_matrix():
+    """model.tie_embeddings (Hugging Face tie_word_embeddings): the model holds one V·h matrix, and the cost model's
+    parameter count equals the reference model's own (the run guard compares the two)."""
+    from tspbench.config import ModelConfig
+    from tspbench.model import Transformer
+    from tspbench.parallel import ParallelConfig
+    from tspbench.predict.costmodel.params import params_per_device
+
+    for tie in (False, True):
+        m = ModelConfig(vocab_size=96, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_hidden=64, tie_embeddings=tie)
+        own = sum(p.numel() for p in Transformer(m).parameters())  # a shared Parameter is listed once
+        assert params_per_device(m, ParallelConfig(scheme="single")) == own

@@ -65,6 +65,23 @@ BAD = [
     (["+exp=smoke", "scheme=tp_sp", "degrees=[4,8]", "tp=3"], "tp=3: T=3 is not a proper divisor of degree=4"),
     (["+exp=smoke", "mode=decode", "execution=estimate"], "mode=decode cannot be estimated"),
     (["+exp=smoke", "paper_tables=[memroy]"], "paper_tables='memroy' is unknown; allowed: memory, throughput"),
+    (["+exp=smoke", "nodes=0"], "nodes=0 must be ≥ 1 (1: this machine; N > 1: a Slurm allocation of N nodes)"),
+    (["+exp=smoke", "nodes=2", "gpus_per_node=0"], "gpus_per_node=0 must be ≥ 1"),
+    (["+exp=smoke", "nodes=two"], "nodes=two: Value 'two' of type 'str' could not be converted to Integer"),
+    (
+        ["+exp=smoke", "scheme=tsp", "degree=8", "nodes=2", "gpus_per_node=2"],
+        "no grid point can run: dp × degree = 8 ranks neither spans nodes=2 × gpus_per_node=2 = 4 nor fits one node; "
+        "allowed: dp × degree = 4, or ≤ 2",
+    ),
+    (["--config-name", "verify"], "--config-name=verify names a config that is not an experiment; allowed:"),
+    (["--config-name=nosuch"], "--config-name=nosuch is unknown in"),
+    (["-cn", "config", "+exp=smoke", "degree=0"], "degree=0: every degree must be ≥ 1"),
+    (["--config-name", "config", "+exp=smoke", "sheme=tsp"], "sheme is not a key: did you mean scheme?"),
+    (["-m", "-cn=config", "+exp=smoke", "seq_len=64,0"], "seq_len=0: every seq_len must be ≥ 1 (in the sweep's point"),
+    (
+        ["--config-path", "/nonexistent/conf", "--config-name", "x"],
+        "--config-path=/nonexistent/conf is not a directory",
+    ),
 ]
 
 
@@ -103,6 +120,51 @@ def test_refused_on_the_command_line_exit_2_no_dir(tmp_path):
     assert p.returncode == 2 and p.stderr.count("\n") == 1 and "Traceback" not in p.stderr, p.stderr
     assert p.stderr.startswith("tspbench: seq_lenn is not a key")
     assert not any(tmp_path.iterdir()), list(tmp_path.iterdir())
+
+
+@pytest.fixture
+def own_configs(tmp_path: Path) -> Path:
+    """A user's config folder: one self-contained experiment config with a bad value, one extending conf/config.yaml
+    (for --config-dir) with another."""
+    (tmp_path / "mine.yaml").write_text("defaults:\n  - experiment_schema\n  - _self_\nschemes: [zig]\ndevice: cpu\n")
+    (tmp_path / "ext.yaml").write_text("defaults:\n  - config\n  - _self_\nexp_name: ext\ndegrees: [2, 0]\n")
+    (tmp_path / "good.yaml").write_text("defaults:\n  - config\n  - _self_\nexp_name: good\ndevice: cpu\n")
+    return tmp_path
+
+
+def test_config_name_and_path_go_through_the_same_checks(own_configs):
+    """--config-name with --config-path (a user's own experiment file) or --config-dir (one extending ours): the
+    same one-line refusals as +exp= and plain overrides."""
+    d = str(own_configs)
+    line = precheck_argv(["--config-path", d, "--config-name", "mine"])
+    assert line == "schemes='zig' is unknown; allowed: single, tp, tp_msp, sp, tp_sp, fsdp_sp, tsp", line
+    line = precheck_argv(["-cp", d, "-cn", "mine", "schemes=[tp]", "seq_len=0"])
+    assert line == "seq_len=0: every seq_len must be ≥ 1", line
+    assert precheck_argv(["-cd", d, "--config-name", "ext"]) == "degrees=[2, 0]: every degree must be ≥ 1"
+    assert precheck_argv(["-cd", d, "--config-name=ext", "degrees=[2]"]) is None
+    assert precheck_argv(["--config-dir", d, "-cn", "good", "+exp=smoke"]) is None
+    line = precheck_argv(["-cp", d, "-cn", "nosuch"])
+    assert line is not None and line.startswith("--config-name=nosuch is unknown in") and "ext | good | mine" in line
+
+
+def test_config_name_refused_exit_2_no_dir(own_configs):
+    """The command itself: a bad value in a --config-name experiment exits 2 with one line, before Hydra makes a
+    directory."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    cwd = own_configs / "cwd"
+    cwd.mkdir()
+    p = subprocess.run(
+        [sys.executable, "-m", "tspbench", "--config-path", str(own_configs), "--config-name", "mine"],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 2 and p.stderr == "tspbench: schemes='zig' is unknown; allowed: " + (
+        "single, tp, tp_msp, sp, tp_sp, fsdp_sp, tsp\n"
+    ), p.stderr
+    assert not any(cwd.iterdir())
 
 
 def ids(overrides: list[str]) -> list[str]:
@@ -162,23 +224,70 @@ def specs_of(n: int) -> list[RunSpec]:
 def test_exit_code_counts_grid_points():
     specs = specs_of(3)
     ok = [rec(s.run_id, "ok") for s in specs]
-    assert grid_outcome(specs, ok) == (0, "tspbench: 3 of 3 grid points ok")
-    mixed = [ok[0], rec(specs[1].run_id, "oom"), rec(specs[2].run_id, "invalid")]
+    assert grid_outcome(specs, ok) == (0, "tspbench: 3 grid points: 3 ok → exit 0")
+    # a measured run that ran out of memory (a rank's OutOfMemoryError) is a failure
+    measured_oom = {**rec(specs[1].run_id, "oom"), "method": "measured", "oom_kind": "measured"}
+    mixed = [ok[0], measured_oom, rec(specs[2].run_id, "invalid")]
     code, line = grid_outcome(specs, mixed)
-    assert code == 1 and line.startswith("tspbench: 1 of 3 grid points ok, 1 invalid, 1 oom → exit 1")
-    assert grid_outcome(specs, mixed, allow_failures=True)[0] == 0
+    assert (code, line) == (1, "tspbench: 3 grid points: 1 ok, 1 invalid, 1 oom (ran out of memory) → exit 1")
+    assert grid_outcome(specs, mixed, allow_failures=True) == (
+        0,
+        line.replace("exit 1", "exit 0 (allow_failures=true)"),
+    )
     # an estimated point whose modelled twin failed is not ok
     twin = [*ok, rec(specs[0].run_id + "-model", "failed")]
     assert grid_outcome(specs, twin)[0] == 1
+    for bad in ("failed", "timeout", "invalid", "implausible"):
+        assert grid_outcome(specs, [*ok[:2], rec(specs[2].run_id, bad)])[0] == 1, bad
+    assert grid_outcome(specs, ok[:2]) == (1, "tspbench: 3 grid points: 2 ok, 1 missing → exit 1")
+    assert grid_outcome(specs[:1], [rec(specs[0].run_id, "failed")]) == (
+        1,
+        "tspbench: 1 grid points: 0 ok, 1 failed → exit 1",
+    )
+
+
+def test_a_predicted_oom_is_a_result():
+    """The issue's case: single at 128K estimated (and modelled) above one GPU's memory is recorded `oom` with
+    `oom_kind: predicted`, and the grid exits 0; the memory check's refusal before the ranks start is one too."""
+    specs = specs_of(3)
+    ok = [rec(s.run_id, "ok") for s in specs]
+    est = {**rec(specs[2].run_id, "oom"), "method": "estimated", "oom_kind": "predicted"}
+    model = {**rec(specs[2].run_id + "-model", "oom"), "method": "modelled", "oom_kind": "predicted"}
+    code, line = grid_outcome(specs, [*ok[:2], est, model])
+    assert (code, line) == (0, "tspbench: 3 grid points: 2 ok, 1 oom (predicted; a result) → exit 0")
+    refused = {**rec(specs[2].run_id, "oom", "estimated peak 9 GiB per rank > 1 GiB available; not started")}
+    assert grid_outcome(specs, [*ok[:2], refused])[0] == 0  # a record from before oom_kind: judged by its reason
+    assert grid_outcome(specs, [*ok[:2], {**refused, "oom_kind": "measured"}])[0] == 1
+    # a predicted oom beside a failed twin is the failure
+    assert grid_outcome(specs, [*ok[:2], est, rec(specs[2].run_id + "-model", "failed")])[0] == 1
 
 
 def test_sweep_exit_code():
     from tspbench.run.callbacks import sweep_outcome
 
-    assert sweep_outcome([rec("a", "ok")], False)[0] == 0
+    assert sweep_outcome([rec("a", "ok")], False) == (0, "tspbench: sweep: 1 grid points: 1 ok → exit 0")
     code, line = sweep_outcome([rec("a", "ok"), rec("b", "timeout")], False)
-    assert code == 1 and "1 of 2 runs ok, 1 timeout" in line
+    assert code == 1 and line == "tspbench: sweep: 2 grid points: 1 ok, 1 timeout → exit 1"
     assert sweep_outcome([rec("a", "ok"), rec("b", "timeout")], True)[0] == 0
+    est = {**rec("b", "oom"), "method": "estimated", "oom_kind": "predicted"}
+    twin = {**rec("b-model", "oom"), "method": "modelled", "oom_kind": "predicted"}
+    assert sweep_outcome([rec("a", "ok"), est, twin], False) == (
+        0,
+        "tspbench: sweep: 2 grid points: 1 ok, 1 oom (predicted; a result) → exit 0",
+    )
+
+
+def test_help_states_the_exit_code_rule(capsys, monkeypatch):
+    import sys
+
+    import tspbench.__main__ as entry
+
+    monkeypatch.setattr(sys, "argv", ["tspbench", "--help"])
+    entry.print_help()
+    out = " ".join(capsys.readouterr().out.split())
+    assert "Exit codes: 0 when every grid point ended ok or was predicted not to fit" in out
+    assert "1 when any point crashed (failed), hung (timeout), was invalid or implausible" in out
+    assert "2 for refused input" in out and "130 for Ctrl-C" in out
 
 
 # ------------------------------------------------------------------------------ python -m tspbench.report

@@ -131,3 +131,23 @@ def test_the_decision_travels_in_the_spec_json_and_is_not_identity():
     undecided = expand_grid(compose_experiment(overrides))[1]
     assert undecided.fate is None and undecided.run_id == tp.run_id
     assert RunSpec.from_json(undecided.to_json()).fate is None
+
+
+def test_model_fields_added_later_keep_old_run_ids_at_their_defaults():
+    """RoPE scaling, tied embeddings and the sliding window entered ModelConfig after records were written: at their
+    defaults they stay out of the run id (the smoke experiment's ids are the ones computed before them, so resume finds
+    old records); a non-default value changes the id."""
+    from dataclasses import replace
+
+    from tspbench.record.spec import make_run_id
+    from tspbench.run.experiment import compose_experiment
+    from tspbench.run.grid import expand_grid
+
+    specs = expand_grid(compose_experiment(["+exp=smoke"]))
+    assert [s.run_id for s in specs[:3]] == [
+        "single-d1-s128-b1-train-6217da25cb",  # computed by the code before the fields existed
+        "tp-d2-s128-b1-train-75ac623473",
+        "tp_msp-d2-s128-b1-train-4962fb798c",
+    ]
+    tied = replace(specs[0], model={**specs[0].model, "tie_embeddings": True})
+    assert make_run_id(tied) != specs[0].run_id

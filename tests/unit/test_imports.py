@@ -23,7 +23,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("tspbench.measure",),
     ("tspbench.predict",),
     ("tspbench.record",),
-    ("tspbench.run", "tspbench.verify", "tspbench.paper"),
+    ("tspbench.run", "tspbench.verify", "tspbench.paper", "tspbench.hf.parallelize", "tspbench.peers"),
     ("tspbench.report",),
     # entry points: the commands (README.md, "Commands") and the Hydra callback that ends a sweep with its report
     (

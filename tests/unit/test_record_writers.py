@@ -174,7 +174,8 @@ def test_validate_cli_writes_through_the_guarded_writer(tmp_path, monkeypatch, c
 
     monkeypatch.setattr(validate, "write_records", spy)
     assert validate.main([f"out={out}"]) == 0
-    assert calls == ["validation"] and {r["status"] for r in read_all([out]).of("validation")} <= {"ok", "out_of_scope"}
+    assert calls == ["validation", "peer_estimate"]
+    assert {r["status"] for r in read_all([out]).of("validation")} <= {"ok", "out_of_scope"}
 
 
 def test_context_records_for_the_report(tmp_path):
@@ -185,7 +186,7 @@ def test_context_records_for_the_report(tmp_path):
     from tspbench.run.context import write_context_records
 
     paths = write_context_records(tmp_path)
-    assert [p.name for p in paths] == ["validation.jsonl", "plan.jsonl", "verdict.jsonl"]
+    assert [p.name for p in paths] == ["validation.jsonl", "plan.jsonl", "verdict.jsonl", "fit.jsonl", "peers.jsonl"]
     got = read_all([tmp_path])
     assert got.of(None) == [] and len(got.of("validation")) == len(load_rows(default_files()))
     plans = got.of("plan")
@@ -194,9 +195,13 @@ def test_context_records_for_the_report(tmp_path):
     assert [r["rank"] for r in plans] == list(range(1, len(plans) + 1)) and any(r["pareto"] for r in plans)
     (verdict,) = got.of("verdict")
     assert verdict["status"] == "ok" and verdict["ratio_low"] <= verdict["ratio_central"] <= verdict["ratio_high"]
+    fits, crossings, peers = got.of("fit"), got.of("crossover"), got.of("peer_estimate")
+    assert fits and crossings and peers  # each guarded as its own kind (record/kinds.py)
+    assert all(r["status"] == "ok" for r in fits + crossings + peers)
     write_context_records(tmp_path)
     again = read_all([tmp_path])
     assert len(again.of("plan")) == len(plans) and len(again.of("validation")) == len(got.of("validation"))
+    assert len(again.of("fit")) == len(fits) and len(again.of("peer_estimate")) == len(peers)
 
 
 def test_read_all_reads_every_kind_in_one_pass(tmp_path):

@@ -180,9 +180,9 @@ def test_markdown_export(report):
 def test_missing_data_gives_notes_not_errors(tmp_path):
     src = rf.write_minimal(tmp_path / "min.jsonl")
     text = build_report([src], out=tmp_path / "min.html", claims=[]).read_text()
-    # Estimated memory only: throughput, step split, power, energy, prediction and the two serving figures
-    # have no data.
-    assert text.count("no data for this figure") == 7
+    # Estimated memory only: throughput, step split, power, energy, prediction, the two serving figures and what
+    # fits (no fit records given) have no data.
+    assert text.count("no data for this figure") == 8
     assert "No paper claims to compare" in text
 
 

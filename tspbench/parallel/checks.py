@@ -102,10 +102,31 @@ def validate_parallel(
     _check_tensor_axis(m, p)
     _check_vocabulary(m, p)
     _check_token_axis(p, seq_len)
+    _check_hf_fields(m, p, seq_len)
     if s.check_fit is not None:
         s.check_fit(m, p, seq_len)
     if p.ulysses:
         _check_ulysses(m, p)
+
+
+def _check_hf_fields(m: ModelConfig, p: ParallelConfig, seq_len: int) -> None:
+    """What the community's configs add (tspbench/hf/convert.py), refused before any rank starts: tied embeddings
+    where the embedding and the LM head are sharded apart (a vocabulary split or ring, or FSDP's row shards), and a
+    sequence longer than Mistral's sliding window (the model attends over the whole causal prefix)."""
+    if m.tie_embeddings:
+        apart = p.scheme == "fsdp_sp" or p.vocab_degree > 1 or p.vocab == "ring"
+        _need(
+            not apart,
+            f"model.tie_embeddings=true with scheme={p.scheme} vocab={p.vocab}: the embedding and LM head are "
+            "sharded apart; allowed: vocab=replicated with scheme=single|tp|tp_msp|sp|tp_sp|tsp, or "
+            "model.tie_embeddings=false",
+        )
+    if m.sliding_window is not None:
+        _need(
+            seq_len <= m.sliding_window,
+            f"seq_len={seq_len} exceeds model.sliding_window={m.sliding_window} (the model attends over the whole "
+            f"causal prefix, equal to the window only up to it); allowed: seq_len ≤ {m.sliding_window}",
+        )
 
 
 def _check_tensor_axis(m: ModelConfig, p: ParallelConfig) -> None:

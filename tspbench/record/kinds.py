@@ -9,6 +9,10 @@
                  validation
     verdict      `kind: verdict`, tspbench.predict.verdict.Comparison.record: every number finite, ratios > 0 with
                  low ≤ central ≤ high, `verdict` one of the three answers
+    fit          `kind: fit`, tspbench.predict.maxfit (what fits): every number finite, lengths non-negative
+                 multiples of their grid step, memory positive (maxfit.check_fit)
+    crossover    `kind: crossover`, the same module (the TSP ≤ TP communication crossover): the same checks
+    peer_estimate  `kind: peer_estimate`, tspbench.peers.estimators.peer_records: every number finite
     calibration  one JSON object per file (conf/hardware/<name>.calibration.json, tspbench.predict.gpu_time): the
                  GEMM and attention efficiencies in (0, 1] of the bf16 peak
 
@@ -26,11 +30,14 @@ from typing import Any
 
 from tspbench.parallel import SCHEMES
 from tspbench.predict.costmodel.hardware import CALIBRATION_KEYS
+from tspbench.predict.maxfit import check_fit as check_fit_lengths
 from tspbench.predict.verdict import VERDICTS
 from tspbench.record.guards import guard as guard_run
 from tspbench.record.schema import STATUSES
 
-KINDS = ("run", "plan", "validation", "calibration", "verdict")
+KINDS = ("run", "plan", "validation", "calibration", "verdict", "fit", "crossover", "peer_estimate")
+KEYED = ("plan", "validation", "verdict", "fit", "crossover", "peer_estimate")
+"""The kinds whose records carry their `kind` key (run and calibration records carry none)."""
 SUBSETS = ("calibration", "validation")
 PLAN_POSITIVE = ("mem_bytes", "tokens_per_s_cluster", "tokens_per_s_per_gpu")
 
@@ -103,11 +110,27 @@ def check_verdict(rec: dict[str, Any]) -> list[str]:
     return out
 
 
+def check_fit(rec: dict[str, Any]) -> list[str]:
+    """Reasons a fit or crossover record is implausible: every number finite, and tspbench.predict.maxfit.check_fit
+    (lengths non-negative multiples of their grid step, memory positive, the peak at the longest length within the
+    device)."""
+    return _not_finite(rec) + check_fit_lengths(rec)
+
+
+def check_peer_estimate(rec: dict[str, Any]) -> list[str]:
+    """Reasons a peer-estimate record is implausible: every number finite (a peer's missing value is null, with the
+    reason in its note)."""
+    return _not_finite(rec)
+
+
 CHECKS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "plan": check_plan,
     "validation": check_validation,
     "calibration": check_calibration,
     "verdict": check_verdict,
+    "fit": check_fit,
+    "crossover": check_fit,
+    "peer_estimate": check_peer_estimate,
 }
 
 
@@ -132,7 +155,7 @@ def guard_kind(rec: dict[str, Any], kind: str) -> dict[str, Any]:
         raise ValueError(f"a {kind} record must be a JSON object, got {type(rec).__name__}")
     own = rec.get("kind")
     # run and calibration records carry no `kind`
-    expected = kind if kind in ("plan", "validation", "verdict") else None
+    expected = kind if kind in KEYED else None
     if own != expected:
         raise ValueError(f"a record of kind {own!r} passed as kind {kind!r}")
     if kind == "run":

@@ -12,7 +12,7 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar
 
-from tspbench.config import ModelConfig
+from tspbench.config import ModelConfig, RopeScaling
 from tspbench.parallel import ParallelConfig, takes
 
 METHOD_OF = {"measure": "measured", "estimate": "estimated", "model": "modelled"}
@@ -148,9 +148,27 @@ class RunSpec(ParallelConfig):
         return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
 
 
+NO_ROPE_SCALING = asdict(RopeScaling())
+"""ModelConfig.rope_scaling's default as a record stores it."""
+
+
 def make_run_id(spec: RunSpec) -> str:
     """`<scheme>-d<degree>-s<S>-b<B>-<mode>-<hash>`: readable, and stable for the same workload."""
-    ident = {k: getattr(spec, k) for k in RunSpec.IDENTITY}
+    ident: dict[str, Any] = {k: getattr(spec, k) for k in RunSpec.IDENTITY}
+    # ModelConfig fields added later (RoPE scaling, tied embeddings, sliding window): at their defaults they stay out
+    # of the hash, so records written before them keep their run ids (resume finds them)
+    model = dict(ident["model"])
+    if isinstance(model.get("rope_scaling"), RopeScaling):
+        model["rope_scaling"] = asdict(model["rope_scaling"])
+    added: tuple[tuple[str, Any], ...] = (
+        ("rope_scaling", NO_ROPE_SCALING),
+        ("tie_embeddings", False),
+        ("sliding_window", None),
+    )
+    for field_name, unset in added:
+        if model.get(field_name, unset) == unset:
+            model.pop(field_name, None)
+    ident["model"] = model
     if spec.vocab != "auto":  # the default keeps the run ids of records written before the option
         ident["vocab"] = spec.vocab
     for option, default in (("kv_bucket_heads", 0), ("mlp_exchange", "ring"), ("regather_kv", True), ("dp_shard", 1)):

@@ -98,12 +98,23 @@ def atomic_write(path: str | os.PathLike, chunks: Iterable[str]) -> Path:
     return path
 
 
-def write_records(path: str | os.PathLike, records: Iterable[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
-    """Replace `path` by a JSONL file of `records`, all of one `kind` (record/kinds.py: run, plan, validation),
+def write_records(
+    path: str | os.PathLike, records: Iterable[dict[str, Any]], kind: str | tuple[str, ...]
+) -> list[dict[str, Any]]:
+    """Replace `path` by a JSONL file of `records`, all of one `kind` (record/kinds.py: run, plan, validation, …) or
+    of the kinds named (a tuple: each record is guarded as the kind its `kind` key names, which must be one of them),
     atomically (`atomic_write`). Each record passes its kind's guard first and is written marked `implausible`
     when a check fails; returns the records as written."""
     if kind == "calibration":
         raise ValueError("calibration is one JSON object per file: use write_json")
+    if isinstance(kind, tuple):
+        records = list(records)
+        bad = [r.get("kind") for r in records if r.get("kind") not in kind]
+        if bad:
+            raise ValueError(f"records of kind {bad[0]!r} passed as one of {', '.join(kind)}")
+        written = [guard_kind(r, r["kind"]) for r in records]
+        atomic_write(path, (json.dumps(r, default=_jsonable) + "\n" for r in written))
+        return written
     written = [guard_kind(r, kind) for r in records]
     sort = kind == "run"  # as append_record writes them
     atomic_write(path, (json.dumps(r, default=_jsonable, sort_keys=sort) + "\n" for r in written))

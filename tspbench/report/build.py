@@ -231,7 +231,7 @@ def make_report(
     crow = claims_table(claims, df)
     write_exports(crow, csv_path, md_path)
     runs, configs = provenance_rows(df)
-    figures = make_figures(df, claims)
+    figures = make_figures(df, claims, {kind: inputs.of(kind) for kind in ("crossover", "fit")})
     groups = grouped_claims(crow)
 
     env = Environment(
@@ -260,7 +260,7 @@ def make_report(
         figures=[f for f in figures if f["src"]],
         empty_figures=[f for f in figures if not f["src"]],
         failures=failure_rows(df),
-        trust=trust_section(inputs.of("validation"), inputs.of("verdict")),
+        trust=trust_section(inputs.of("validation"), inputs.of("verdict"), inputs.of("peer_estimate")),
         pareto=pareto_section(inputs.of("plan")),
         runs=runs,
         configs=configs,

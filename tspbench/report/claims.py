@@ -71,6 +71,15 @@ def _matches(claim: dict, r: dict) -> bool:
     return all(want is None or _same(have, want) for want, have in checks)
 
 
+def _at_claimed_gpus(claim: dict, matches: list[dict]) -> list[dict]:
+    """Memory per device matches at any GPU count (a replicated run holds the same per device), but when some
+    records ran on the claim's own GPU count, only those: the modelled 1,024-GPU point must not repeat every 8-GPU
+    memory row."""
+    n = num(claim.get("n_gpus"))
+    same = [r for r in matches if n is not None and num(r.get("world_size")) == n]
+    return same if same and claim.get("unit") == "GB" else matches
+
+
 def _latest_per_group(rows: list[dict]) -> list[dict]:
     """One record per (method, hardware, model, full layout, batch, mode): the last one written. The full layout
     (tspbench.parallel.ParallelConfig.key: exchange, Megatron-SP, vocabulary, K/V buckets, recompute, dp too), so
@@ -157,7 +166,7 @@ def claims_table(claims: list[dict], df: pd.DataFrame) -> list[dict]:
             "claim_note": " · ".join(str(c[k]) for k in ("note", "source") if c.get(k)),
             "command": producing_command(c),
         }
-        matches = [r for r in rows if _matches(c, r)]
+        matches = _at_claimed_gpus(c, [r for r in rows if _matches(c, r)])
         found = False
         for r in _latest_per_group([r for r in matches if r["status"] == "ok"]):
             # The paper's model has h = 4096 (docs/method.md#published); a smaller model's number is shown but

@@ -14,8 +14,10 @@ from tspbench.config import GIB_TO_GB
 from tspbench.report.fig_time import fig_serving
 from tspbench.report.frame import MEM_PARTS, fmt_seq, num
 from tspbench.report.plot import (
+    MAX_FACETS,
     METHOD_STYLE,
     NO_DATA,
+    cluster_panel,
     facets,
     legend_outside,
     lines,
@@ -26,6 +28,29 @@ from tspbench.report.plot import (
     seq_axis,
 )
 
+DODGE = 0.5
+"""Octaves the memory figure's series are spread over around each sequence length (plot.lines)."""
+
+
+SAME_PCT = 1.0
+
+
+def same_as_node(ok: pd.DataFrame) -> list[str]:
+    """Cluster panels (plot.gpu_panels) whose every layout's per-device memory equals the one-node panel's of the
+    same model, hardware and mode within SAME_PCT (data parallelism adds replicas, not memory per device)."""
+    out = []
+    for name in {str(c) for c in ok["ctx"] if cluster_panel(str(c))}:
+        node = name.rsplit(" · ", 1)[0] + " · one node"
+        node_rows = ok[ok["ctx"].astype(str).str.startswith(node)]
+        if node_rows.empty:
+            continue
+        a = ok[ok["ctx"] == name].groupby(["label", "method", "seq_len"])["mem_gib"].last()
+        b = node_rows.groupby(["label", "method", "seq_len"])["mem_gib"].last()
+        common = a.index.intersection(b.index)
+        if len(common) == len(a) and all(abs(a[k] - b[k]) <= SAME_PCT / 100 * abs(b[k]) for k in common):
+            out.append(name)
+    return sorted(out)
+
 
 def fig_memory(df: pd.DataFrame, pal: dict, claims: list[dict] | None = None):
     ok = ok_with(df, "seq_len", "mem_gib")
@@ -33,14 +58,18 @@ def fig_memory(df: pd.DataFrame, pal: dict, claims: list[dict] | None = None):
     if ok.empty and oom.empty:
         return NO_DATA + ": needs peak_reserved/allocated_gib or mem_total_gib, or OOM runs."
     both = pd.concat([ok, oom])
-    fig, axes, names, note = facets(both, "ctx")
+    same = same_as_node(ok)
+    both = both[~both["ctx"].isin(same)]
+    fig, axes, names, note = facets(both, "ctx", ncols=1)
+    if same:
+        note = f" {', '.join(same)}: per-device memory as one node's (within {SAME_PCT:g}%), not drawn twice." + note
     for ax, name in zip(axes, names):
         sub, bad = ok[ok["ctx"] == name], oom[oom["ctx"] == name]
         data_top = sub["mem_gib"].max() * GIB_TO_GB if not sub.empty else None
         factor, unit = mem_unit(data_top)
         scale = GIB_TO_GB * factor  # GiB in the records -> GB or MB on the axis
-        lines(ax, sub, "mem_gib", pal, scale)
-        paper_s = paper_points(ax, claims or [], "GB", name, 1.0) if unit == "GB" else []
+        lines(ax, sub, "mem_gib", pal, scale, dodge=DODGE)
+        paper_s = paper_points(ax, claims or [], "GB", name, 1.0, sub=sub) if unit == "GB" else []
         cap = both[both["ctx"] == name]["capacity_gib"].map(num).dropna()
         top = cap.max() if not cap.empty else None
         title = name
@@ -71,7 +100,9 @@ def fig_memory(df: pd.DataFrame, pal: dict, claims: list[dict] | None = None):
         legend_outside(ax)
     return fig, (
         "Measured runs: peak reserved (else allocated); estimated/modelled: predicted peak "
-        "(mem_total_gib), in GB (MB for tiny runs). ★ the paper's published value; × marks OOM runs." + note
+        "(mem_total_gib), in GB (MB for tiny runs). ★ the paper's published value (in the panel of its mode and GPU "
+        f"count); × marks OOM runs. The layouts' points are spread over ±{DODGE / 2:g} octave around each sequence "
+        "length so that equal values stay visible." + note
     )
 
 
@@ -82,22 +113,38 @@ def fig_breakdown(df: pd.DataFrame, pal: dict):
     has = df[(df["status"] == "ok") & df[keys].apply(lambda r: any(num(v) for v in r), axis=1)]
     if has.empty:
         return NO_DATA + ": needs mem_params_gib … mem_comm_buffers_gib."
+    same = same_as_node(ok_with(df, "seq_len", "mem_gib"))  # a cluster's bars equal to one node's: drawn once
+    has = has[~has["ctx"].isin(same)]
     has = has.assign(panel=has["ctx"] + " · " + has["method"])
-    fig, axes, names, note = facets(has, "panel")
-    colours = sns.color_palette("Set2", len(MEM_PARTS))
-    for ax, name in zip(axes, names):
+    counts = has["panel"].value_counts()
+    names = sorted(counts.index, key=lambda n: (cluster_panel(str(n).rsplit(" · ", 1)[0]), -counts[n]))
+    shown, dropped = names[:MAX_FACETS], names[MAX_FACETS:]
+    subs = []
+    for name in shown:  # the longest sequence of each panel: where memory matters most
         sub = has[has["panel"] == name]
-        s_max = sub["seq_len"].map(num).max()  # the longest sequence: where memory matters most
-        sub = sub[sub["seq_len"].map(num) == s_max].drop_duplicates("label", keep="last")
-        bottom = np.zeros(len(sub))
+        s_max = sub["seq_len"].map(num).max()
+        subs.append((name, s_max, sub[sub["seq_len"].map(num) == s_max].drop_duplicates("label", keep="last")))
+    # horizontal bars, one row per layout: every label readable, the figure as tall as its bars need
+    heights = [0.28 * len(sub) + 0.9 for _, _, sub in subs]
+    fig = Figure(figsize=(12.4, sum(heights) + 0.4), layout="constrained")
+    grid = fig.add_gridspec(len(subs), 1, height_ratios=heights)
+    colours = sns.color_palette("Set2", len(MEM_PARTS))
+    for i, (name, s_max, sub) in enumerate(subs):
+        ax = fig.add_subplot(grid[i])
+        left = np.zeros(len(sub))
         for (key, part), colour in zip(MEM_PARTS, colours):
             vals = np.array([(num(v) or 0.0) * GIB_TO_GB for v in sub.get(key, [None] * len(sub))])
-            ax.bar(range(len(sub)), vals, bottom=bottom, color=colour, label=part)
-            bottom += vals
-        ax.set_xticks(range(len(sub)), list(sub["label"]), rotation=20, ha="right", fontsize=8)
-        ax.set_ylabel("GB per device")
+            ax.barh(range(len(sub)), vals, left=left, color=colour, label=part)
+            left += vals
+        ax.set_yticks(range(len(sub)), list(sub["label"]), fontsize=8)
+        ax.invert_yaxis()
+        ax.set_xlim(0, max(left.max(), 1e-9) * 1.05)  # no bar clipped
+        ax.set_xlabel("GB per device")
         panel_title(ax, f"{name} · S={fmt_seq(s_max)}", False)
         legend_outside(ax)
+    note = f" Not shown (more than {MAX_FACETS} panels): {', '.join(dropped)}." if dropped else ""
+    if same:
+        note = f" {', '.join(same)}: as one node's, not drawn twice." + note
     return fig, "Memory breakdown per device at the longest sequence length of each panel." + note
 
 

@@ -5,23 +5,26 @@ caption, or a string saying what data it needs."""
 
 from __future__ import annotations
 
-import math
-
 import pandas as pd
 from matplotlib.figure import Figure
 
 from tspbench.report.frame import fmt_seq, num
 from tspbench.report.plot import NO_DATA, facets, legend_outside, lines, metric_vs_seq, ok_with, panel_title, seq_axis
 
+DODGE = 0.3
+"""Octaves the throughput figure's series are spread over around each sequence length (plot.lines)."""
+
 
 def fig_throughput(df: pd.DataFrame, pal: dict, claims: list[dict] | None = None):
     ok = ok_with(df, "seq_len", "tok_dev")
     if ok.empty:
         return NO_DATA + ": needs tokens_per_s(_per_device) or predicted_tokens_per_s."
-    fig, note = metric_vs_seq(ok, "tok_dev", "tokens/s per device", pal, integer_ticks=True, paper=claims)
+    fig, note = metric_vs_seq(ok, "tok_dev", "tokens/s per device", pal, integer_ticks=True, paper=claims, dodge=DODGE)
     return fig, (
-        "Tokens/s per device (global tokens/s ÷ world size where not recorded). ★ the paper's published "
-        "cluster throughput ÷ its GPU count." + note
+        "Tokens/s per device (global tokens/s ÷ world size where not recorded); a panel per model, hardware, mode "
+        "and cluster size. ★ the paper's published cluster throughput ÷ its GPU count, in the panel of its mode and "
+        f"GPU count only. The layouts' points are spread over ±{DODGE / 2:g} octave around each sequence length so "
+        "that equal values stay visible." + note
     )
 
 
@@ -34,53 +37,68 @@ def crossover_bs(row: pd.Series) -> float | None:
     return (2 + 2 / g + 3 * f) * h / (4 - 2 / g)
 
 
-def fig_comm(df: pd.DataFrame, pal: dict):
+def fig_comm(df: pd.DataFrame, pal: dict, crossovers: list[dict] | None = None):
     ok = ok_with(df, "seq_len", "comm_bytes_per_layer_fwd")
     if ok.empty:
         return NO_DATA + ": needs comm_bytes_per_layer_fwd."
     ok = ok.assign(panel=ok["model"].astype(str) + " · B=" + ok["batch"].map(lambda b: f"{num(b) or 1:g}"))
-    fig, axes, names, note = facets(ok, "panel")
+    fig, axes, names, note = facets(ok, "panel", ncols=1)
+    shown: list[str] = []
     for ax, name in zip(axes, names):
         sub = ok[ok["panel"] == name]
         top = sub["comm_bytes_per_layer_fwd"].map(num).max()
         scale, unit = (1e-9, "GB") if top >= 1e9 else (1e-6, "MB") if top >= 1e6 else (1e-3, "kB")
         lines(ax, sub, "comm_bytes_per_layer_fwd", pal, scale)
-        mark_crossovers(ax, sub)
+        shown += mark_crossovers(ax, sub, crossovers or [])
         seq_axis(ax, sub["seq_len"])
         ax.set_ylabel(f"forward bytes per layer per device ({unit})")
         panel_title(ax, name, False)
         legend_outside(ax)
     return fig, (
-        "Communication volume per layer (forward). Dotted grey: analytic TSP ≤ TP crossover "
-        "B·S ≥ (2+2/g+3F)·h/(4−2/g); solid black: where the data cross." + note
+        "Communication volume per layer (forward). Vertical line: the crossover it shows, "
+        + (
+            "; ".join(shown)
+            if shown
+            else "none (no crossover record of this model and micro-batch, nor TSP and TP here)"
+        )
+        + ". Crossovers come from the cost model (tspbench.run.context's crossover records), never from "
+        "interpolating between the points drawn." + note
     )
 
 
-def mark_crossovers(ax, sub: pd.DataFrame) -> None:
-    """Mark where TSP's per-layer volume drops below TP's at the same degree (D = T).
+def mark_crossovers(ax, sub: pd.DataFrame, crossovers: list[dict]) -> list[str]:
+    """Mark where TSP's forward per-layer volume drops to TP's or below at D = T (docs/method.md#crossover), as the
+    crossover records of this panel's model and micro-batch give it (the cost model on every multiple of the
+    zigzag's grid, tspbench/predict/maxfit.py comm_crossover); without one, the analytic formula
+    B·S ≥ (2 + 2/g + 3F)·h / (4 − 2/g) from the records' model shape, when TSP and TP are both drawn. Returns what
+    each line shows, for the caption.
 
     The one place the report names schemes instead of asking tspbench.parallel: the crossover is TSP against plain
     TP by definition (docs/method.md#crossover compares exactly these two layouts' per-layer volumes), so the two
     scheme names are the figure's subject, not a stand-in for a role."""
     row = sub.iloc[0]
+    batch = num(row.get("batch")) or 1
+    mine = [
+        c
+        for c in crossovers
+        if c.get("status", "ok") == "ok"
+        and c.get("mode") == "forward"
+        and str(c.get("model")) == str(row.get("model"))
+        and num(c.get("batch")) == batch
+        and num(c.get("seq_len"))
+    ]
+    out = []
+    for c in mine:
+        s = float(c["seq_len"])
+        text = f"{c['a']} ≤ {c['b']} from S={s:,.0f} (cost model, every {c.get('seq_step')} tokens)"
+        ax.axvline(s, color="black", lw=1, label=text)
+        out.append(f"{text}: {c.get('quantity')}, {c.get('model')}, B={batch:g}")
     bs = crossover_bs(row)
-    if bs and sub["scheme"].isin(["tsp", "tp"]).any():
-        s = bs / (num(row.get("batch")) or 1)
-        ax.axvline(s, color="grey", ls=":", lw=1.2, label=f"analytic crossover S={s:,.0f}")
-    found: dict[tuple, list[str]] = {}  # (degree, rounded log2 S) -> methods: one line per crossing
-    for (deg, method), g in sub.groupby(["degree", "method"]):
-        tsp = g[g["scheme"] == "tsp"].groupby("seq_len")["comm_bytes_per_layer_fwd"].last()
-        tp = g[g["scheme"] == "tp"].groupby("seq_len")["comm_bytes_per_layer_fwd"].last()
-        common = sorted(set(tsp.index) & set(tp.index))
-        diff = [(s, float(tsp[s]) - float(tp[s])) for s in common]
-        for (s0, d0), (s1, d1) in zip(diff, diff[1:]):
-            if d0 > 0 >= d1:  # interpolate the sign change in log2(S)
-                t = d0 / (d0 - d1)
-                s = 2 ** (math.log2(s0) + t * (math.log2(s1) - math.log2(s0)))
-                found.setdefault((deg, round(math.log2(s), 2)), []).append(method)
-    for (deg, log_s), methods in found.items():
-        s = 2**log_s
-        ax.axvline(s, color="black", lw=1, label=f"TSP ≤ TP from S≈{s:,.0f} (D={deg:g}; {', '.join(methods)})")
+    if not mine and bs and sub["scheme"].isin(["tsp"]).any() and sub["scheme"].isin(["tp"]).any():
+        s = bs / batch
+        ax.axvline(s, color="grey", ls=":", lw=1.2, label=f"analytic TSP ≤ TP crossover S={s:,.0f}")
+        out.append(f"analytic TSP ≤ TP forward crossover B·S ≥ (2+2/g+3F)·h/(4−2/g) = {bs:,.0f} tokens")
+    return out
 
 
 def fig_step_split(df: pd.DataFrame, pal: dict):

@@ -1,7 +1,8 @@
 """The report's "How far to trust the predictions" section: the validation records among the report's inputs
 (kind "validation", docs/records.md#validation-records: `python -m tspbench.validate out=PATH`, or the run flow's
 tspbench.run.context) as a table of published vs predicted per row and quantity, the median / worst absolute error
-per subset, and a predicted-vs-published scatter per quantity. Records only: nothing is predicted here, and no
+per subset, and a predicted-vs-published scatter per quantity; given peer-estimate records (tspbench/peers), our
+predictions beside llm-analysis's and DeepSpeed's (`peer_section`). Records only: nothing is predicted here, and no
 file the report was not given is read."""
 
 from __future__ import annotations
@@ -135,9 +136,55 @@ def _moves(verdicts: list[dict[str, Any]]) -> list[str]:
     return out
 
 
-def trust_section(recs: list[dict[str, Any]], verdicts: list[dict[str, Any]] | None = None) -> Markup:
-    """The section's HTML from validation records (and, per claim, what moves it most from the verdict records);
-    without validation records, one line naming the command that writes them."""
+PEER_LABELS: dict[str, tuple[str, float]] = {
+    "tokens_per_s_per_gpu": ("tokens/s per GPU", 1.0),
+    "step_s": ("iteration time (s)", 1.0),
+    "peak_mem_gib": ("peak memory (GB)", GIB_TO_GB),
+    "model_states_gib": ("model states (GB)", GIB_TO_GB),
+}
+"""Peer-estimate record quantity -> (label, factor from GiB to the printed GB)."""
+
+
+def _peer_cell(v: Any, factor: float) -> str:
+    return f"{v * factor:.4g}" if isinstance(v, (int, float)) and not isinstance(v, bool) else "—"
+
+
+def peer_section(peers: list[dict[str, Any]]) -> list[str]:
+    """The peer-estimator subsection (docs/method.md#peers) from peer-estimate records (kind "peer_estimate",
+    tspbench/peers/estimators.py): ours beside llm-analysis's and DeepSpeed's ZeRO-3 estimates, the published value
+    and why they differ; nothing without such records (`python -m tspbench.validate` prints the same table)."""
+    if not peers:
+        return []  # the section's one "no data" line stays the validation records'
+    out = [
+        '<h3 id="trust-peers">Beside the peers\' estimators</h3>',
+        "<p>Our cost model next to llm-analysis's estimate and DeepSpeed's ZeRO-3 model-state estimator on the same "
+        "configurations (docs/method.md#peers); memory in GB.</p>",
+    ]
+    out.append(
+        '<div class="scroll"><table id="trust-peers-table"><thead><tr><th>Row</th><th>Quantity</th><th>Ours</th>'
+        "<th>llm-analysis</th><th>DeepSpeed</th><th>Published</th><th>Why they differ</th></tr></thead><tbody>"
+    )
+    for r in peers:
+        label, f = PEER_LABELS.get(str(r.get("quantity")), (str(r.get("quantity")), 1.0))
+        cells = "".join(
+            f"<td>{_peer_cell(r.get(k), f)}</td>" for k in ("ours", "llm_analysis", "deepspeed", "published")
+        )
+        out.append(
+            f"<tr><td>{escape(r.get('case', ''))}</td><td>{escape(label)}</td>{cells}"
+            f"<td>{escape(r.get('why', ''))}</td></tr>"
+        )
+    out.append("</tbody></table></div>")
+    return out
+
+
+def trust_section(
+    recs: list[dict[str, Any]],
+    verdicts: list[dict[str, Any]] | None = None,
+    peers: list[dict[str, Any]] | None = None,
+) -> Markup:
+    """The section's HTML from validation records (and, per claim, what moves it most from the verdict records; the
+    peer estimators beside ours from peer-estimate records); without validation records, one line naming the
+    command that writes them."""
     out = ['<h2 id="trust">How far to trust the predictions</h2>', *_moves(verdicts or [])]
     recs = latest_rows(recs)
     if not recs:
@@ -145,6 +192,7 @@ def trust_section(recs: list[dict[str, Any]], verdicts: list[dict[str, Any]] | N
             f'<p class="nodata" id="trust-none">No validation records among the report\'s inputs: '
             f"<code>{VALIDATE_COMMAND}</code> writes them.</p>"
         )
+        out += peer_section(peers or [])
         return Markup("\n".join(out))
     plausible = [r for r in recs if r.get("status") != "implausible"]
     out.append(
@@ -161,4 +209,5 @@ def trust_section(recs: list[dict[str, Any]], verdicts: list[dict[str, Any]] | N
             "<figcaption>Each published number against the cost model's prediction; dashed: exact.</figcaption>"
             "</figure>"
         )
+    out += peer_section(peers or [])
     return Markup("\n".join(out))

@@ -3,8 +3,9 @@
 `python -m tspbench -m +exp=smoke seq_len=64,128` runs one job per override combination, each writing
 `<sweep dir>/<job>/results.jsonl`. `CombineResults.on_multirun_end` concatenates them (in job order) into
 `<sweep dir>/results.jsonl`, rewritten whole each time so a resumed sweep never duplicates lines, and
-prints the summary table and the path, then the sweep's counts line; it exits 1 when some run is not `ok`
-(unless allow_failures=true). Registered in conf/config.yaml under `hydra.callbacks`.
+prints the summary table and the path, then the sweep's counts line; its exit code follows the rule of one
+experiment (tspbench.run.checks.EXIT_RULE: 1 when some grid point crashed, hung, was invalid or implausible, or ran
+out of memory while measured; a predicted `oom` is a result). Registered in conf/config.yaml under `hydra.callbacks`.
 """
 
 from __future__ import annotations
@@ -66,15 +67,15 @@ class CombineResults(Callback):
 
 
 def sweep_outcome(records: list[dict], allow_failures: bool) -> tuple[int, str]:
-    """The whole sweep's exit code and counts line: 0 only when every run's current record is `ok`."""
+    """The whole sweep's exit code and counts line, by the rule of one experiment (tspbench.run.checks.EXIT_RULE):
+    each grid point (a run and its modelled twin count once) by its current records."""
+    from tspbench.record.offline import MODEL_SUFFIX
     from tspbench.record.schema import current_records
+    from tspbench.run.checks import outcome, point_status
 
-    counts: dict[str, int] = {}
+    points: dict[str, list[dict]] = {}
     for r in current_records(records):
-        counts[str(r.get("status"))] = counts.get(str(r.get("status")), 0) + 1
-    n_ok, total = counts.pop("ok", 0), sum(counts.values())
-    rest = "".join(f", {n} {k}" for k, n in sorted(counts.items()))
-    line = f"tspbench: sweep: {n_ok} of {n_ok + total} runs ok{rest}"
-    if not counts or allow_failures:
-        return 0, line + (" (allow_failures=true: exit 0)" if counts else "")
-    return 1, line + " → exit 1 (allow_failures=true exits 0)"
+        rid = str(r.get("run_id"))
+        points.setdefault(rid.removesuffix(MODEL_SUFFIX), []).append(r)
+    code, line = outcome((point_status(rs) for rs in points.values()), allow_failures)
+    return code, line.replace("tspbench: ", "tspbench: sweep: ", 1)

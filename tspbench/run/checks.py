@@ -8,20 +8,40 @@ refused) and returns the specs carrying it; "no point could run" is every fate `
 validate_parallel refuses, or execution=measure without the devices). A grid where only some points are refused
 runs: those points are recorded `invalid` and the exit code says so (`grid_outcome`).
 
+With nodes > 1 (a Slurm allocation, tspbench/run/slurm.py) the devices are the allocation's, declared as
+nodes × gpus_per_node and checked on each node when the job starts: a measured point runs when its dp × degree
+spans the allocation or fits one node, and is refused otherwise (`decide_across_nodes`).
+
 The resource check of one measured run (recorded `oom` when it cannot fit) is tspbench.run.memfit, made by the
 dispatcher just before the run (free memory is a property of that moment, not of the grid).
+
+The exit code (`grid_outcome`, and run.callbacks for a sweep): 0 when every grid point ended `ok` or was predicted
+not to fit (an `oom` decided before anything ran: an estimated or modelled peak above the device, or the memory
+check refusing to start it; a result, not a failure); 1 when any point crashed (`failed`), hung (`timeout`), was
+`invalid` or `implausible`, or a measured run ran out of memory; 2 for refused input (ConfigError, before
+anything runs); 130 for Ctrl-C (tspbench/__main__.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import replace
 from pathlib import Path
 
 from tspbench.config import ConfigError
 from tspbench.parallel import takes
-from tspbench.record.spec import RunSpec
+from tspbench.record.spec import Fate, RunSpec
 from tspbench.run.experiment import ExperimentConfig, axes, options_of, schemes_of
-from tspbench.run.fate import decide_all
+from tspbench.run.fate import decide, decide_all
 from tspbench.run.grid import expand_grid
+
+EXIT_RULE = (
+    "exit codes: 0 when every grid point ended ok or was predicted not to fit (an oom decided by the estimate, "
+    "the cost model or the memory check before the run started is a result); 1 when any point crashed (failed), "
+    "hung (timeout), was invalid or implausible, or a measured run ran out of memory (allow_failures=true: 0); "
+    "2 for refused input (one line naming the field, before any rank starts); 130 for Ctrl-C"
+)
+"""The exit-code rule in one paragraph: `--help` prints it, the README repeats it."""
 
 
 def precheck(cfg: ExperimentConfig) -> list[RunSpec]:
@@ -48,11 +68,38 @@ def precheck(cfg: ExperimentConfig) -> list[RunSpec]:
             "(results/<time>_<exp_name>, the one holding its results.jsonl), or no resume_dir"
         )
     specs = expand_grid(cfg)
-    reasons = [f.reason for f in decide_all(specs) if f.kind == "refused"]
+    fates = decide_across_nodes(specs, cfg.nodes, cfg.gpus_per_node) if cfg.nodes > 1 else decide_all(specs)
+    reasons = [f.reason for f in fates if f.kind == "refused"]
     if specs and len(reasons) == len(specs):
         more = f" (and {len(specs) - 1} more grid point(s) refused)" if len(specs) > 1 else ""
         raise ConfigError(f"no grid point can run: {reasons[0]}{more}")
     return specs
+
+
+def decide_across_nodes(specs: list[RunSpec], nodes: int, per_node: int) -> list[Fate]:
+    """The fates of a grid for a Slurm allocation of `nodes` × `per_node` devices (in place, as decide_all): the
+    layout's own checks as on one machine (tspbench.run.fate.decide), execution=estimate | model as asked, and
+    otherwise measure when dp × degree spans the allocation (nodes × per_node ranks) or fits one node (≤ per_node:
+    run on the first node alone), refused otherwise. The devices are not counted here (this may be a login node):
+    each node checks its own when the job starts (tspbench.run.slurm.allocation_for)."""
+    out = []
+    for spec in specs:
+        layout = decide(replace(spec, execution="estimate", fate=None))  # validate_parallel, no device count
+        if layout.kind == "refused":
+            fate = layout
+        elif spec.execution in ("estimate", "model"):
+            fate = Fate(spec.execution)
+        elif spec.world_size == nodes * per_node or spec.world_size <= per_node:
+            fate = Fate("measure")
+        else:
+            fate = Fate(
+                "refused",
+                f"dp × degree = {spec.world_size} ranks neither spans nodes={nodes} × gpus_per_node={per_node} = "
+                f"{nodes * per_node} nor fits one node; allowed: dp × degree = {nodes * per_node}, or ≤ {per_node}",
+            )
+        spec.fate = fate
+        out.append(fate)
+    return out
 
 
 def _check_tps(cfg: ExperimentConfig, name: str, degrees: list[int]) -> None:
@@ -81,21 +128,58 @@ def _list(v: list) -> str:
 
 
 # ------------------------------------------------------------------------------------------ exit code
-def grid_outcome(specs: list[RunSpec], records: list[dict], allow_failures: bool = False) -> tuple[int, str]:
-    """(exit code, last line): 0 only when every grid point ended `ok` (or was skipped as already `ok`);
-    a point measured elsewhere (estimated + modelled twin) is ok when both of its records are."""
-    by_id = {str(r.get("run_id")): r for r in records}
+PREDICTED_OOM = "oom (predicted; a result)"
+MEASURED_OOM = "oom (ran out of memory)"
+
+
+def predicted_oom(rec: dict) -> bool:
+    """Is this `oom` record a prediction (decided before anything ran: an estimated or modelled peak above the
+    device, or the memory check refusing to start the ranks) rather than a run that ran out of memory? The record's
+    `oom_kind` says so; records written before it existed are judged by their method and reason."""
+    kind = rec.get("oom_kind")
+    if kind is not None:
+        return kind == "predicted"
+    return rec.get("method") in ("estimated", "modelled") or "not started" in str(rec.get("reason") or "")
+
+
+def point_status(records: list[dict]) -> str:
+    """One grid point's outcome from its current records (an estimated point has a modelled twin): `ok` when all
+    are, PREDICTED_OOM when every other one is a predicted oom, else the first other status (a measured oom as
+    MEASURED_OOM); `missing` without a record."""
+    if not records:
+        return "missing"
+    bad = [r for r in records if r.get("status") != "ok"]
+    if not bad:
+        return "ok"
+    real = [r for r in bad if not (r.get("status") == "oom" and predicted_oom(r))]
+    if not real:
+        return PREDICTED_OOM
+    status = str(real[0].get("status", "missing"))
+    return MEASURED_OOM if status == "oom" else status
+
+
+GOOD = ("ok", PREDICTED_OOM)
+"""The outcomes that exit 0: measured, estimated or modelled, or predicted not to fit."""
+
+
+def outcome(statuses: Iterable[str], allow_failures: bool = False, noun: str = "grid points") -> tuple[int, str]:
+    """(exit code, last line) from each point's outcome, e.g. "24 grid points: 23 ok, 1 oom (predicted; a result)
+    → exit 0"."""
     counts: dict[str, int] = {}
-    for s in specs:
-        mine = [by_id[i] for i in (s.run_id, s.run_id + "-model") if i in by_id]
-        bad = [r.get("status", "missing") for r in mine if r.get("status") != "ok"]
-        status = bad[0] if bad else ("ok" if mine else "missing")
-        counts[status] = counts.get(status, 0) + 1
-    n_ok = counts.pop("ok", 0)
-    rest = ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
-    line = f"tspbench: {n_ok} of {len(specs)} grid points ok" + (f", {rest}" if rest else "")
-    if not counts:
-        return 0, line
-    if allow_failures:
-        return 0, line + " (allow_failures=true: exit 0)"
-    return 1, line + " → exit 1 (allow_failures=true exits 0 for sweeps that expect some oom)"
+    for st in statuses:
+        counts[st] = counts.get(st, 0) + 1
+    total = sum(counts.values())
+    order = [*GOOD, *sorted(k for k in counts if k not in GOOD)]
+    parts = [f"{counts.get(k, 0)} {k}" for k in order if counts.get(k) or k == "ok"]
+    failed = any(k not in GOOD for k in counts)
+    code = 1 if failed and not allow_failures else 0
+    why = " (allow_failures=true)" if failed and allow_failures else ""
+    return code, f"tspbench: {total} {noun}: {', '.join(parts)} → exit {code}{why}"
+
+
+def grid_outcome(specs: list[RunSpec], records: list[dict], allow_failures: bool = False) -> tuple[int, str]:
+    """(exit code, last line) of one experiment: each grid point's outcome (`point_status`; a point measured
+    elsewhere, estimated + modelled twin, counts once) and the rule of `EXIT_RULE`."""
+    by_id = {str(r.get("run_id")): r for r in records}
+    statuses = [point_status([by_id[i] for i in (s.run_id, s.run_id + "-model") if i in by_id]) for s in specs]
+    return outcome(statuses, allow_failures)

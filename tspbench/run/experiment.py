@@ -126,6 +126,10 @@ class ExperimentConfig:
     """If set, replaces `scheme_opts.fsdp_sp.dp_shards` (replicas one FSDP shard group spans); fsdp_sp only."""
     dp: int = 1
     """Data-parallel replicas per run; world size = dp × degree."""
+    cluster_gpus: int | None = None
+    """Also model every layout of the grid on this many GPUs (dp = cluster_gpus / degree; execution=model, in the
+    grid's modes and forward, the mode of the paper's throughput claims): the paper's 1,024-GPU point beside the
+    measured or estimated one (tspbench/run/grid.py). null: none."""
     recompute: str = "none"
     """Activation recompute: none | selective | full (the same key as in verify)."""
     dtype: str = "float32"
@@ -156,7 +160,16 @@ class ExperimentConfig:
     """Wall-clock limit per run of ranks (launch + warm-up + window); a hung rank group is killed and recorded
     `timeout`."""
     nodes: int = 1
-    """Nodes the parent launches on (always 1 here; a cluster's own torchrun sets its own)."""
+    """Nodes of the Slurm allocation the grid runs on (tspbench/run/slurm.py: one task per node, each node one
+    torchrun agent per run; `hydra/launcher=slurm_8gpu` asks Slurm for this many). A measured point whose
+    dp × degree is nodes × gpus_per_node spans them, one that fits gpus_per_node runs on the first node alone;
+    1: this machine only."""
+    gpus_per_node: int = 8
+    """Ranks (GPUs, or CPU ranks with device=cpu) per node when nodes > 1; each node must see at least this many
+    devices (checked when the job starts). Ignored when nodes=1 (the devices this machine has)."""
+    control_port: int | None = None
+    """With nodes > 1: the TCP port of the first node's control store, which tells the other nodes when to start
+    their ranks; None: 20000 + the Slurm job id mod 10000 (set it when two jobs may share a node)."""
     resume_dir: str | None = None
     """Write records into this existing directory instead of Hydra's run dir, skipping its `ok` runs (a path
     that does not exist is refused)."""
@@ -172,8 +185,9 @@ class ExperimentConfig:
     faults: FaultConfig = field(default_factory=FaultConfig)
     """Fault injection (`faults=crash|hang|oom faults.scheme=tp`)."""
     allow_failures: bool = False
-    """Exit 0 even when some grid points end `oom`, `failed`, `timeout` or `invalid` (sweeps that expect
-    some `oom`); by default the exit code is 0 only when every grid point ended `ok`."""
+    """Exit 0 even when some grid points crash, hang, are invalid or implausible, or run out of memory while measured;
+    by default those exit 1, while a point predicted not to fit (an `oom` decided before it started) is a result and
+    exits 0 (tspbench/run/checks.py EXIT_RULE)."""
     memory_check: bool = True
     """Before a measured run's ranks start, compare the cost model's per-rank peak with the memory the run
     can get (free device memory on GPU, available RAM / ranks on CPU) and record `oom` if it cannot fit."""
@@ -290,11 +304,14 @@ def validate_experiment(cfg: ExperimentConfig) -> None:
         raise ConfigError(f"warmup_steps={cfg.warmup_steps} must be ≥ 0 and measured_steps={cfg.measured_steps} ≥ 1")
     if cfg.timeout_s <= 0:
         raise ConfigError(f"timeout_s={cfg.timeout_s} must be > 0")
-    if cfg.nodes != 1:
+    if cfg.nodes < 1:
+        raise ConfigError(f"nodes={cfg.nodes} must be ≥ 1 (1: this machine; N > 1: a Slurm allocation of N nodes)")
+    if cfg.control_port is not None and not 1024 <= cfg.control_port <= 65535:
         raise ConfigError(
-            f"nodes={cfg.nodes}: the parent launches on one node only; on a cluster run "
-            f"`torchrun --nnodes N ... -m tspbench.run.worker spec=FILE` with a spec it wrote"
+            f"control_port={cfg.control_port} must be a TCP port in 1024..65535, or null (from the job id)"
         )
+    if cfg.gpus_per_node < 1:
+        raise ConfigError(f"gpus_per_node={cfg.gpus_per_node} must be ≥ 1 (ranks per node when nodes > 1)")
 
 
 # ------------------------------------------------------------------------------------------------ Hydra

@@ -14,19 +14,65 @@ Next in the flow: tspbench.run.checks.precheck refuses what cannot be meant and 
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 from tspbench.cli import hardware_name
+from tspbench.config import ConfigError
 from tspbench.parallel import AXES, LayoutOptions, layouts, scheme
 from tspbench.record.spec import RunSpec
 from tspbench.run.experiment import ExperimentConfig, FaultConfig, axes, options_of, schemes_of, validate_experiment
 
 
 def expand_grid(cfg: ExperimentConfig, results_file: str = "", status_dir: str = "") -> list[RunSpec]:
-    """Every grid point as a RunSpec, in a stable order (seq_len outermost, then scheme). Duplicates
-    (e.g. `single` under several degrees) are dropped."""
+    """Every grid point as a RunSpec, in a stable order (seq_len outermost, then scheme), then, with
+    `cluster_gpus`, the same layouts modelled on that many GPUs (`cluster_point`). Duplicates (e.g. `single` under
+    several degrees) are dropped."""
     validate_experiment(cfg)
+    out = _expand(cfg, results_file, status_dir)
+    if cfg.cluster_gpus is not None:
+        seen = {s.run_id for s in out}
+        out += [s for s in cluster_point(cfg, results_file, status_dir) if s.run_id not in seen]
+    return out
+
+
+CLUSTER_MODE = "forward"
+"""The mode of the paper's throughput claims (conf/claims.yaml: "mostly forward pass"), always in the cluster point."""
+
+
+def cluster_point(cfg: ExperimentConfig, results_file: str = "", status_dir: str = "") -> list[RunSpec]:
+    """The grid's layouts modelled on `cfg.cluster_gpus` devices: dp = cluster_gpus / degree replicas (each degree
+    must divide it), execution=model (closed form on the experiment's hardware profile: nothing that large runs
+    here), in the grid's modes and forward. ConfigError (one line) when a degree does not divide it."""
+    n = int(cfg.cluster_gpus or 0)
+    _, degrees, _, modes = axes(cfg)
+    bad = [d for d in degrees if n < 1 or n % d]
+    if bad:
+        raise ConfigError(
+            f"cluster_gpus={cfg.cluster_gpus} must be a positive multiple of every degree ({', '.join(map(str, bad))} "
+            f"does not divide it), e.g. cluster_gpus={max(degrees) * 128}"
+        )
+    names = schemes_of(cfg)
+    point = replace(
+        cfg,
+        execution="model",
+        cluster_gpus=None,
+        scheme=None,
+        mode=None,
+        degree=None,
+        modes=sorted({*modes, CLUSTER_MODE}, key=[*modes, CLUSTER_MODE].index),
+    )
+    out: list[RunSpec] = []
+    multi = [x for x in names if not scheme(x).single_device]
+    for d in degrees if multi else []:  # dp fills the cluster (and bounds the FSDP shard groups' dp_shard)
+        out += _expand(replace(point, schemes=multi, degrees=[d], dp=n // d), results_file, status_dir)
+    single = [x for x in names if scheme(x).single_device]
+    if single:
+        out += _expand(replace(point, schemes=single, dp=n), results_file, status_dir)
+    return out
+
+
+def _expand(cfg: ExperimentConfig, results_file: str, status_dir: str) -> list[RunSpec]:
     seq_lens, degrees, batches, modes = axes(cfg)
     device = resolve_device(cfg.device)
     model = asdict(cfg.model) if not isinstance(cfg.model, dict) else dict(cfg.model)

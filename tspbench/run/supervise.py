@@ -12,6 +12,9 @@ tspbench.run.dispatch hands over each run whose fate is `measure` (tspbench/run/
      "interrupted" on Ctrl-C, which is then re-raised so the grid stops. A run whose `ok` record is already
      written when the interrupt arrives gets no failure record. Finished records are never touched.
 
+Across the nodes of a Slurm allocation the same supervisor runs on the first node with another `RankGroup` (its
+command is that node's agent of a multi-node torchrun, tspbench/run/slurm.py); everything else is as above.
+
 Also here, because both the dispatcher and the supervisor write records in the parent: `parent_record` (append,
 stamped `recorded_by: parent`) and `attempted` (an `oom` record's configuration).
 """
@@ -30,6 +33,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, Protocol
 
 from tspbench.paths import package_search_root
 from tspbench.record.schema import base_record
@@ -74,10 +78,44 @@ def worker_command(spec_file: Path, world: int, port: int) -> list[str]:
     ]
 
 
-def run_measured(spec: RunSpec, run_dir: Path, on_step: Callable | None = None) -> dict:
+class RankGroup(Protocol):
+    """How a measured run's ranks are started: the command of this machine's torchrun agent, the launcher a record
+    names, and the hosts the ranks run on (failure records name them)."""
+
+    launcher: str
+
+    @property
+    def hosts(self) -> list[str]: ...
+
+    def command(self, spec: Any, spec_file: Path) -> list[str]: ...
+
+    def settle(self) -> list[str]:
+        """After this machine's agent exited: wait for the other machines' agents; a note per one that failed."""
+        ...
+
+
+class LocalGroup:
+    """Every rank on this machine: one single-node torchrun (`worker_command`)."""
+
+    launcher = LAUNCHER
+
+    @property
+    def hosts(self) -> list[str]:
+        return [os.environ.get("SLURMD_NODENAME") or socket.gethostname()]
+
+    def command(self, spec: Any, spec_file: Path) -> list[str]:
+        return worker_command(spec_file, spec.world_size, free_port())
+
+    def settle(self) -> list[str]:
+        return []
+
+
+def run_measured(spec: RunSpec, run_dir: Path, on_step: Callable | None = None, group: RankGroup | None = None) -> dict:
     """Start the run's rank group, wait for it (killing it after timeout_s) and return its record: rank 0's `ok`
     record, or the failure the parent appends. Ctrl-C (KeyboardInterrupt) kills the group, records the run
-    `failed` / "interrupted" unless its `ok` record is already written, and propagates."""
+    `failed` / "interrupted" unless its `ok` record is already written, and propagates. `group`: how the ranks
+    start (default: all of them here, `LocalGroup`; across a Slurm allocation, tspbench.run.slurm.Driver)."""
+    group = group or LocalGroup()
     results = Path(spec.results_file)
     spec_file = run_dir / "specs" / f"{spec.run_id}.json"
     spec_file.parent.mkdir(parents=True, exist_ok=True)
@@ -89,19 +127,16 @@ def run_measured(spec: RunSpec, run_dir: Path, on_step: Callable | None = None) 
     proc = reader = None
     timed_out = None
     with open(log_file, "w") as log:
-        log.write(
-            f"# {spec.run_label()}  run_id={spec.run_id}\n# "
-            + " ".join(worker_command(spec_file, spec.world_size, 0))
-            + "\n"
-        )
+        cmd = group.command(spec, spec_file)
+        log.write(f"# {spec.run_label()}  run_id={spec.run_id}\n# " + " ".join(cmd) + "\n")
         log.flush()
         try:
             proc = subprocess.Popen(
-                worker_command(spec_file, spec.world_size, free_port()),
+                cmd,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env=_worker_env(),
+                env=worker_env(group.launcher),
                 start_new_session=True,  # its own session: kill_group reaches every rank, and Ctrl-C only us
                 text=True,
                 bufsize=1,
@@ -117,23 +152,30 @@ def run_measured(spec: RunSpec, run_dir: Path, on_step: Callable | None = None) 
             if not any(r.get("run_id") == spec.run_id for r in _records_after(results, offset)):
                 # rank 0 may have written the ok record just before the interrupt: then the run finished
                 rec = _failure_record(spec, "failed", "interrupted (Ctrl-C); rank group killed", log_file)
+                rec["hosts"] = group.hosts
                 parent_record(results, rec)
             raise
         reader.join(timeout=10)
+    elsewhere = group.settle()  # across nodes: the other nodes' agents end too (and say how)
 
     mine = [r for r in _records_after(results, offset) if r.get("run_id") == spec.run_id]
     if mine:
         return mine[-1]  # rank 0 wrote the ok record
     if timed_out is not None:
-        return parent_record(results, _failure_record(spec, "timeout", timed_out, log_file))
-    status, reason, root = _classify_exit(spec, proc.returncode)
-    return parent_record(results, _failure_record(spec, status, reason, log_file, root))
+        rec = _failure_record(spec, "timeout", timed_out, log_file)
+    else:
+        status, reason, root = _classify_exit(spec, proc.returncode)
+        rec = _failure_record(spec, status, reason, log_file, root)
+    if elsewhere:
+        rec["reason"] = f"{rec['reason']} ({'; '.join(elsewhere)})"
+    rec["hosts"] = group.hosts
+    return parent_record(results, rec)
 
 
-def _worker_env() -> dict[str, str]:
+def worker_env(launcher: str = LAUNCHER) -> dict[str, str]:
     """The rank group's environment: unbuffered output (the progress bar reads it live), this tspbench first on
     the path, the launcher the record names, and one OpenMP thread per rank unless the user set another."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1", TSPBENCH_LAUNCHER=LAUNCHER)
+    env = dict(os.environ, PYTHONUNBUFFERED="1", TSPBENCH_LAUNCHER=launcher)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(package_search_root()), env.get("PYTHONPATH")) if p)
     env.setdefault("OMP_NUM_THREADS", "1")
     return env
@@ -195,6 +237,7 @@ def _failure_record(spec: RunSpec, status: str, reason: str, log_file: Path, roo
     rec["failed_rank"] = (root or {}).get("rank")
     if status == "oom":
         rec["attempted"] = attempted(spec)
+        rec["oom_kind"] = "measured"  # a rank ran out of memory (docs/records.md)
     return rec
 
 

@@ -3,7 +3,9 @@
 Reads a frozen RunSpec (JSON, written by the parent: tspbench/run/supervise.py), joins the default process group
 from the torchrun environment (RANK, WORLD_SIZE, LOCAL_RANK; gloo on CPU, NCCL on CUDA), runs the measured loop
 (tspbench/run/loop.py) and, on rank 0, appends the one record. Hydra is never involved here, so the same command
-runs under a cluster's own `torchrun --nnodes N ...` given a spec file whose dp × degree matches the world size.
+runs under a cluster's own `torchrun --nnodes N ...` given a spec file whose dp × degree matches the world size
+(tspbench/run/slurm.py starts it so on every node of a Slurm allocation). The record's `hosts` names every node
+the ranks ran on (SLURMD_NODENAME under Slurm, else the hostname).
 
 Failures: an OOM (torch.OutOfMemoryError) or any other exception writes `<status_dir>/rank<R>.json`
 for the parent to turn into an `oom` / `failed` record, and exits non-zero so torchrun tears the group
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
 import time
 import traceback
@@ -91,7 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         record = benchmark(spec, device, rank, world)
+        hosts = _hosts(world)
         if record is not None:
+            record["hosts"] = hosts
             append_record(spec.results_file, record)
     except torch.OutOfMemoryError as e:
         _die(spec, rank, "oom", e)
@@ -99,6 +104,14 @@ def main(argv: list[str] | None = None) -> int:
         _die(spec, rank, "failed", e)
     dist.destroy_process_group()
     return 0
+
+
+def _hosts(world: int) -> list[str]:
+    """Every node the ranks ran on, in rank order, once each (SLURMD_NODENAME under Slurm, else the hostname):
+    the record's `hosts`. One all_gather_object after the run, so it cannot disturb what was measured."""
+    names: list[str | None] = [None] * world
+    dist.all_gather_object(names, os.environ.get("SLURMD_NODENAME") or socket.gethostname())
+    return list(dict.fromkeys(str(n) for n in names))
 
 
 def _die(spec: RunSpec, rank: int, status: str, e: BaseException) -> None:

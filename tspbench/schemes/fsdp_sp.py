@@ -36,7 +36,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
 
-from tspbench.config import ModelConfig
+from tspbench.config import ModelConfig, require_untied
 from tspbench.parallel import ParallelConfig
 from tspbench.schemes.base import ParallelModel
 from tspbench.schemes.comm import Comm
@@ -109,6 +109,7 @@ def fsdp_mesh(args: ApplyArgs) -> DeviceMesh:
 
 
 def apply(cfg: ModelConfig, par: ParallelConfig, args: ApplyArgs) -> ParallelModel:
+    require_untied(cfg, "scheme=fsdp_sp")
     sp = args.need("sp")
     layout = SeqLayout(args.seq_len, sp.size, sp.rank, zigzag=True, device=args.device)
     module, shards = meta_model(cfg, par.recompute)

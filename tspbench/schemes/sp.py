@@ -63,7 +63,7 @@ class SPAttention(nn.Module, Decodable, CoreAttention):
         super().__init__()
         self.wq, self.wk, self.wv, self.wo = w["wq"], w["wk"], w["wv"], w["wo"]
         self.comm, self.layout, self.variant = comm, layout, variant
-        self.head_dim, self.theta = cfg.head_dim, cfg.rope_theta
+        self.head_dim, self.theta = cfg.head_dim, cfg.rope  # base and scaling
 
     def attend(self, q, k, v):
         return attend_sequence(q, k, v, self.comm, self.layout, self.variant, self.core)

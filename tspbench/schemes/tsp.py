@@ -98,7 +98,7 @@ class TSPAttention(nn.Module, Decodable):
         self.wq, self.wk, self.wv, self.wo = w["wq"], w["wk"], w["wv"], w["wo"]
         self.comm, self.layout, self.bufs, self.kv_bucket_heads = comm, layout, bufs, buckets
         self.regather_kv = regather_kv
-        self.head_dim, self.theta = cfg.head_dim, cfg.rope_theta
+        self.head_dim, self.theta = cfg.head_dim, cfg.rope  # base and scaling (model.rope_cos_sin)
 
     def _plan(self, own: torch.Tensor) -> OwnerPlan:
         return OwnerPlan(

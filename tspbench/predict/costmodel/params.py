@@ -109,12 +109,14 @@ def fsdp_shards(par: ParallelConfig | None) -> int:
 
 def replicated_params(model: ModelConfig, layers: int | None = None, par: ParallelConfig | None = None) -> float:
     """Norm weights (held in full by every rank) and, for the full model, embedding + LM head: whole, or this
-    rank's 1/T vocabulary slice when `par` splits the vocabulary (par.vocab_degree). fsdp_sp: 1/N of them."""
+    rank's 1/T vocabulary slice when `par` splits the vocabulary (par.vocab_degree); one V·h matrix when the two are
+    tied (model.tie_embeddings: only with the vocabulary replicated, parallel/checks.py). fsdp_sp: 1/N of them."""
     n = fsdp_shards(par)
     if layers is not None:
         return 2 * model.dim * layers / n
     vocab_div = par.vocab_degree if par is not None else 1
-    return ((2 * model.n_layers + 1) * model.dim + 2 * model.vocab_size * model.dim / vocab_div) / n
+    matrices = 1 if model.tie_embeddings else 2
+    return ((2 * model.n_layers + 1) * model.dim + matrices * model.vocab_size * model.dim / vocab_div) / n
 
 
 def params_per_device(model: ModelConfig, par: ParallelConfig, layers: int | None = None) -> float:

@@ -459,9 +459,8 @@ def decode_step_time(
     weights = params_per_device(model, par) * b
     kv = kv_cache_bytes(par, work)
     memory_s = (weights + kv) / hw.mem_bw
-    matmul_params = (
-        params_per_device(model, par) - model.vocab_size * model.dim / layout(par).vocab_div
-    )  # no lookup FLOPs
+    lookup = 0.0 if model.tie_embeddings else model.vocab_size * model.dim / layout(par).vocab_div  # no FLOPs
+    matmul_params = params_per_device(model, par) - lookup  # a tied matrix is the LM head's GEMM too
     flops = 2 * batch * matmul_params + 2 * local_gqa_ratio(model, layout(par).tp) * kv / b
     compute_s = flops / (hw.peak_flops(work.dtype) * hw.matmul_efficiency)
     comm_s = model.n_layers * collectives_time_s(decode_collectives(model, par, batch), hw, b, pricing=pricing)

@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from tspbench.attention import chunk_backward, chunk_forward
+from tspbench.config import Rope
 from tspbench.model import apply_rope
 from tspbench.schemes.comm import Comm, Pending
 from tspbench.schemes.ops.layout import SeqLayout
@@ -55,7 +56,7 @@ class OwnerPlan:
     own: torch.Tensor | None  # this rank's packed [W_Q; W_K; W_V; W_O] shard (the parameters are views of it)
     shapes: list[torch.Size]
     head_dim: int
-    theta: float
+    theta: float | Rope
     kv_bucket_heads: int  # KV heads per all-gather; 0: all of an owner's KV heads in one
     tag: str = ""
     recv: list[torch.Tensor] = field(default_factory=list)  # three shard buffers (r's, r+1's, r+2's in flight)

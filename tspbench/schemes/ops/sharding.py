@@ -91,12 +91,17 @@ def materialise_replicated(
 ) -> None:
     """Give every parameter still on the meta device (embedding, norms, LM head) its full seeded value;
     they are replicated, with gradients summed over `grad_sum` when ranks see different tokens."""
+    made: dict[int, nn.Parameter] = {}  # meta parameter → its value: a tied weight (tie_embeddings) stays one
     for mod_name, mod in module.named_modules():
         for pname, p in list(mod.named_parameters(recurse=False)):
+            if id(p) in made:
+                setattr(mod, pname, made[id(p)])
+                continue
             if not p.is_meta:
                 continue
             full = f"{mod_name}.{pname}" if mod_name else pname
-            setattr(mod, pname, nn.Parameter(init_full_param(full, tuple(p.shape), seed, dtype, device)))
+            made[id(p)] = nn.Parameter(init_full_param(full, tuple(p.shape), seed, dtype, device))
+            setattr(mod, pname, made[id(p)])
             shards[full] = Shard(full, grad_sum=grad_sum)
 
 

@@ -97,7 +97,7 @@ class TPAttention(nn.Module, Decodable, CoreAttention):
     def __init__(self, w: dict[str, nn.Parameter], comm: Comm | None, cfg: ModelConfig):
         super().__init__()
         self.wq, self.wk, self.wv, self.wo = w["wq"], w["wk"], w["wv"], w["wo"]
-        self.comm, self.head_dim, self.theta = comm, cfg.head_dim, cfg.rope_theta
+        self.comm, self.head_dim, self.theta = comm, cfg.head_dim, cfg.rope  # base and scaling
 
     seq_comm: Comm | None = None
     """The group the cache's tokens are sharded over (tp_sp: sp); None: this rank caches every token."""

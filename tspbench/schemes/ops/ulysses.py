@@ -41,6 +41,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from tspbench.config import Rope
 from tspbench.model import apply_rope, causal_attention, linear, rope_cos_sin
 from tspbench.schemes.comm import Comm, CommLog, Pending
 from tspbench.schemes.ops.layout import SeqLayout
@@ -168,7 +169,7 @@ def ulysses_project_attend(
     w: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
     positions: torch.Tensor,
     head_dim: int,
-    theta: float,
+    theta: float | Rope,
     comm: Comm,
     layout: SeqLayout,
     core: Core = lambda fn, *args: fn(*args),

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tspbench.config import ModelConfig
+from tspbench.config import ModelConfig, require_untied
 from tspbench.schemes.comm import (
     Comm,
     copy_to_region,
@@ -150,6 +150,7 @@ def shard_vocab(
     `grad_sum`: the group whose ranks use the same slice on different tokens (tp_sp: sp). `sequence_parallel`
     (tp_msp): the embedding reduce-scatters into the sequence-sharded residual stream and the head
     all-gathers it, so both see every token of the sequence."""
+    require_untied(cfg, "the vocabulary split of vocab=auto")
     size = cfg.vocab_size // comm.size
     vocab = VocabShard(comm, comm.rank * size, size)
     for name, cls in (("embed", VocabParallelEmbedding), ("lm_head", VocabParallelHead)):

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tspbench.config import ModelConfig
+from tspbench.config import ModelConfig, require_untied
 from tspbench.schemes.comm import Comm
 from tspbench.schemes.ops.decode import Decodable
 from tspbench.schemes.ops.ring import ring_backward, ring_forward
@@ -155,6 +155,7 @@ class VocabRing:
 
 def ring_vocab(module: nn.Module, cfg: ModelConfig, comm: Comm, args: ApplyArgs, shards: dict[str, Shard]) -> VocabRing:
     """Replace `module.embed` / `module.lm_head` by this rank's 1/D vocabulary rows on the TSP ring."""
+    require_untied(cfg, "vocab=ring")
     for name, cls in (("embed", RingEmbedding), ("lm_head", RingHead)):
         full = f"{name}.weight"
         w = slice_param(full, (cfg.vocab_size, cfg.dim), 0, comm.rank, comm.size, args.seed, args.dtype, args.device)
