@@ -120,6 +120,21 @@ def _slurm_task(node: int, job_id: str) -> dict:
     return env
 
 
+def _allocation(grid: list[str], run_dir: Path, cwd: Path, job_id: str) -> tuple[list[int], list[tuple[str, str]]]:
+    """Both tasks of a two-node allocation running `grid` into one (shared) run dir: exit codes, (stdout, stderr)."""
+    port = free_port()
+    tasks = [
+        _tspbench(
+            [*grid, "nodes=2", "gpus_per_node=2", f"control_port={port}", f"hydra.run.dir={run_dir}"],
+            cwd,
+            _slurm_task(n, job_id),
+        )
+        for n in (0, 1)
+    ]
+    outs = [t.communicate(timeout=300) for t in tasks]
+    return [t.returncode for t in tasks], outs
+
+
 def _tspbench(args: list[str], cwd: Path, env: dict) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "tspbench", *args],
@@ -141,17 +156,9 @@ def test_slurm_two_node_allocation_equals_one_node(tmp_path):
 
     # the allocation: one task per node, both running the Hydra job of a Slurm task into one (shared) run dir
     run_dir = tmp_path / "two"
-    job_id, port = str(4000 + os.getpid() % 1000), free_port()
-    tasks = [
-        _tspbench(
-            [*grid, "nodes=2", "gpus_per_node=2", f"control_port={port}", f"hydra.run.dir={run_dir}"],
-            tmp_path,
-            _slurm_task(n, job_id),
-        )
-        for n in (0, 1)
-    ]
-    outs = [t.communicate(timeout=300) for t in tasks]
-    assert [t.returncode for t in tasks] == [0, 0], "\n".join(o[1][-3000:] for o in outs)
+    job_id = str(4000 + os.getpid() % 1000)
+    codes, outs = _allocation(grid, run_dir, tmp_path, job_id)
+    assert codes == [0, 0], "\n".join(o[1][-3000:] for o in outs)
 
     (a,) = read_records([tmp_path / "one" / "results.jsonl"])
     (b,) = read_records([run_dir / "results.jsonl"])  # written once, by global rank 0
@@ -216,17 +223,8 @@ def test_slurm_rank_failure_on_the_second_node_is_recorded_once(tmp_path):
     that rank's traceback, once, and exits 1; the second node's task ends when the first says the grid is over."""
     grid = [*SPEC, "schemes=[tsp]", "degree=4", "report=false", "faults=crash", "faults.rank=3"]
     run_dir = tmp_path / "two"
-    job_id, port = str(5000 + os.getpid() % 1000), free_port()
-    tasks = [
-        _tspbench(
-            [*grid, "nodes=2", "gpus_per_node=2", f"control_port={port}", f"hydra.run.dir={run_dir}"],
-            tmp_path,
-            _slurm_task(n, job_id),
-        )
-        for n in (0, 1)
-    ]
-    outs = [t.communicate(timeout=300) for t in tasks]
-    assert [t.returncode for t in tasks] == [1, 0], "\n".join(o[1][-3000:] for o in outs)
+    codes, outs = _allocation(grid, run_dir, tmp_path, str(5000 + os.getpid() % 1000))
+    assert codes == [1, 0], "\n".join(o[1][-3000:] for o in outs)
     (rec,) = read_records([run_dir / "results.jsonl"])
     assert rec["status"] == "failed" and rec["failed_rank"] == 3 and rec["reason"].startswith("rank 3:")
     assert rec["hosts"] == list(NODES) and rec["provenance"]["recorded_by"] == "parent"

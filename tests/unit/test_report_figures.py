@@ -1,4 +1,4 @@
-"""The report's figures stay readable with the modelled 1,024-GPU point beside one node (issue 23, item 5): a panel
+"""The report's figures stay readable with the modelled 1,024-GPU point beside one node: a panel
 per cluster size, the paper's points only in the panel of their mode and GPU count, a log axis where the paper's
 numbers are far from ours, equal series named together instead of hidden, points spread so that equal values stay
 visible, no clipped bar, the communication crossover from the cost model's records (never interpolated), and the

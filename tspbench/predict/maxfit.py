@@ -1,4 +1,4 @@
-"""What fits (issue 23): the longest sequence each layout trains at, and the largest model of a family that trains at
+"""What fits: the longest sequence each layout trains at, and the largest model of a family that trains at
 a given sequence length, on one cluster, by the closed-form memory model (`python -m tspbench.plan fit=true ...`).
 
 The fit rule is the planner's (predict/planner.py `fits_device`): the modelled peak per device

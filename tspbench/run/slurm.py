@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from tspbench.config import ConfigError
+from tspbench.run.supervise import free_port, worker_tail
 
 CONNECT_TIMEOUT_S = 900.0
 """How long a follower waits for the driver's control store to come up (the driver composes and pre-checks
@@ -237,20 +238,8 @@ def agent_command(
         rdzv_id,
         "--rdzv-conf",
         f"timeout={join}",
-        "--max-restarts",
-        "0",
-        "--monitor-interval",
-        "0.2",
-        "-m",
-        "tspbench.run.worker",
-        f"spec={spec_file}",
+        *worker_tail(spec_file),
     ]
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
 
 
 def _store(alloc: Allocation, timeout_s: float):
@@ -287,7 +276,7 @@ class Driver:
 
     def command(self, spec: Any, spec_file: Path) -> list[str]:
         """Publish the run to the followers, then this node's agent command."""
-        endpoint = f"{self.alloc.first_host}:{_free_port()}"
+        endpoint = f"{self.alloc.first_host}:{free_port('')}"
         rdzv_id = f"tspbench-{self.alloc.job_id}-{self.n}"
         run_dir = str(spec_file.parent.parent)
         msg = {"spec": spec.to_json(), "endpoint": endpoint, "rdzv_id": rdzv_id, "run_dir": run_dir}

@@ -47,11 +47,17 @@ LAUNCHER = "torchrun (tspbench.run.supervise)"
 leaves the worker's default, `torchrun`)."""
 
 
-def free_port() -> int:
-    """A free local TCP port for the rank group's c10d rendezvous."""
+def free_port(host: str = "127.0.0.1") -> int:
+    """A free TCP port on `host` for a rank group's rendezvous ("": every interface, as a multi-node agent's)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def worker_tail(spec_file: Path) -> list[str]:
+    """What every torchrun command of a measured run ends with: no restarts, a quick monitor, the worker on the
+    spec (`worker_command` here, one node's agent in tspbench/run/slurm.py)."""
+    return ["--max-restarts", "0", "--monitor-interval", "0.2", "-m", "tspbench.run.worker", f"spec={spec_file}"]
 
 
 def worker_command(spec_file: Path, world: int, port: int) -> list[str]:
@@ -68,13 +74,7 @@ def worker_command(spec_file: Path, world: int, port: int) -> list[str]:
         "c10d",
         "--rdzv-endpoint",
         f"127.0.0.1:{port}",
-        "--max-restarts",
-        "0",
-        "--monitor-interval",
-        "0.2",
-        "-m",
-        "tspbench.run.worker",
-        f"spec={spec_file}",
+        *worker_tail(spec_file),
     ]
 
 
