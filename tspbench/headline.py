@@ -48,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         hc = cli.parse_options(HeadlineConfig, argv)
+        if hc.readme and not Path(hc.readme).is_file():
+            raise ConfigError(f"readme={hc.readme} does not exist; give the README to rewrite (e.g. readme=README.md)")
         text = Path(hc.readme).read_text() if hc.readme else ""
         if hc.readme and (START not in text or END not in text):
             raise ConfigError(f"readme={hc.readme} has no headline markers ({START.strip()} … {END.strip()})")

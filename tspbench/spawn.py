@@ -36,6 +36,10 @@ def _entry(rank: int, world: int, init_file: str, device: str, fn, args) -> None
     )
     try:
         fn(rank, world, *args)
+        # no rank tears its gloo pairs down while a peer still finishes a collective with it (a rank exiting early
+        # aborted its peer once under CI load: "terminate called without an active exception"); a rank that raised
+        # skips it, and spawn's join then terminates the others
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 

@@ -74,3 +74,15 @@ def test_changes_refuses_a_readme():
     from tspbench.headline import main
 
     assert main(["changes=true", "readme=README.md"]) == 2
+
+
+def test_a_missing_file_gets_one_line_naming_the_field(capsys, tmp_path):
+    """readme= (headline) and spec= (the rank's entry) that do not exist: one line naming the field, exit 2."""
+    from tspbench.headline import main
+    from tspbench.run.worker import main as worker
+
+    assert main([f"readme={tmp_path / 'nope.md'}"]) == 2
+    assert worker([f"spec={tmp_path / 'nope.json'}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and err[0].startswith("tspbench.headline: readme=") and "does not exist" in err[0]
+    assert err[1].startswith("tspbench.run.worker: spec=") and "does not exist" in err[1]

@@ -70,6 +70,8 @@ def main(argv: list[str] | None = None) -> int:
         wc = cli.parse_options(WorkerConfig, argv)
         if not wc.spec:
             raise ConfigError("spec= is required: the RunSpec JSON the parent wrote")
+        if not Path(wc.spec).is_file():
+            raise ConfigError(f"spec={wc.spec} does not exist; give a RunSpec JSON the parent wrote (RUN/specs/)")
         spec = RunSpec.from_json(Path(wc.spec).read_text())
     except (ConfigError, OSError, ValueError) as e:
         print(f"tspbench.run.worker: {e}", file=sys.stderr)
