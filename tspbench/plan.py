@@ -14,7 +14,7 @@ What fits (`fit=true`, or the subcommand `python -m tspbench.plan fit ...`; tspb
 model, device and count, the longest sequence each scheme and option set trains at under each recompute mode (at the
 group size where it fits longest), with the memory breakdown of the term that breaks first, by the same fit rule
 (predict/planner.py fits_device); with `family=NAME`, the largest model of that family that trains at `seq_len`.
-`out=PATH` then writes "fit" records (their keys: tspbench/predict/maxfit.py fit_records), which the report draws
+`out=PATH` then writes "fit" records (their keys: tspbench/predict/fitrecords.py fit_records), which the report draws
 against GPU memory.
 """
 
@@ -180,7 +180,7 @@ def verdict_line(ranked: list[Layout], req: PlanRequest, pc: PlanConfig) -> str:
 
 def fit_main(pc: PlanConfig, req: PlanRequest) -> int:
     """`fit=true`: the longest sequence per option set and recompute mode (or, with family=, the largest model)."""
-    from tspbench.predict import maxfit
+    from tspbench.predict import fitrecords, maxfit
 
     bad = [r for r in pc.recomputes if r not in RECOMPUTE]
     if bad or not pc.recomputes:
@@ -236,7 +236,7 @@ def fit_main(pc: PlanConfig, req: PlanRequest) -> int:
     if pc.out:
         from tspbench.run.context import write_fit_records
 
-        recs = maxfit.fit_records(
+        recs = fitrecords.fit_records(
             req.model,
             pc.gpus,
             (pc.hardware,),

@@ -13,7 +13,7 @@ import pytest
 from tspbench import plan
 from tspbench.config import GB, ConfigError, model_preset
 from tspbench.parallel import ParallelConfig
-from tspbench.predict import maxfit
+from tspbench.predict import fitrecords, maxfit
 from tspbench.predict.costmodel import Workload, load_hardware, memory_breakdown
 from tspbench.predict.planner import fits_device
 
@@ -99,8 +99,8 @@ def test_fit_bad_input_one_line(argv, needle, capsys):
 def test_fit_and_crossover_records(tmp_path):
     from tspbench.run.context import write_fit_records
 
-    recs = maxfit.fit_records(LLAMA7B, 8, ("h100", "mi300x"))
-    recs.append(maxfit.comm_crossover(LLAMA7B, 8, 1, "forward"))
+    recs = fitrecords.fit_records(LLAMA7B, 8, ("h100", "mi300x"))
+    recs.append(fitrecords.comm_crossover(LLAMA7B, 8, 1, "forward"))
     written = write_fit_records(tmp_path / "fit.jsonl", recs)
     assert all(r["status"] == "ok" for r in written)
     back = [json.loads(line) for line in (tmp_path / "fit.jsonl").read_text().splitlines()]

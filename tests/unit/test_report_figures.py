@@ -11,7 +11,7 @@ import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 
 from tspbench.config import model_preset
-from tspbench.predict import maxfit
+from tspbench.predict import fitrecords
 from tspbench.record.offline import modelled_record
 from tspbench.report.claims import load_claim_list
 from tspbench.report.fig_fit import fig_fit
@@ -97,7 +97,7 @@ def test_breakdown_bars_are_not_clipped(df):
 
 def test_comm_crossover_comes_from_the_cost_model_records(df):
     model = model_preset("llama7b")
-    rec = {**maxfit.comm_crossover(model, 8, 1, "forward"), "status": "ok"}
+    rec = {**fitrecords.comm_crossover(model, 8, 1, "forward"), "status": "ok"}
     fig, caption = fig_comm(df, palette(df), [rec])
     (ax,) = fig.axes
     vlines = [ln for ln in ax.get_lines() if ln.get_label().startswith("TSP D=8 ≤ TP T=8")]
@@ -108,7 +108,7 @@ def test_comm_crossover_comes_from_the_cost_model_records(df):
 
 
 def test_what_fits_figure_from_fit_records(df):
-    recs = [{**r, "status": "ok"} for r in maxfit.fit_records(model_preset("llama7b"), 8, ("h100", "mi300x"))]
+    recs = [{**r, "status": "ok"} for r in fitrecords.fit_records(model_preset("llama7b"), 8, ("h100", "mi300x"))]
     fig, caption = fig_fit(df, palette(df), recs)
     assert [ax.get_title() for ax in fig.axes] == [f"recompute={m} · modelled" for m in ("none", "selective", "full")]
     assert caption.startswith("Modelled") and "not measured" in caption and "h100 80 GB" in caption

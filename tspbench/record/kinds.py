@@ -10,7 +10,7 @@
     verdict      `kind: verdict`, tspbench.predict.verdict.Comparison.record: every number finite, ratios > 0 with
                  low ≤ central ≤ high, `verdict` one of the three answers
     fit          `kind: fit`, tspbench.predict.maxfit (what fits): every number finite, lengths non-negative
-                 multiples of their grid step, memory positive (maxfit.check_fit)
+                 multiples of their grid step, memory positive (fitrecords.check_fit)
     crossover    `kind: crossover`, the same module (the TSP ≤ TP communication crossover): the same checks
     peer_estimate  `kind: peer_estimate`, tspbench.peers.estimators.peer_records: every number finite
     calibration  one JSON object per file (conf/hardware/<name>.calibration.json, tspbench.predict.gpu_time): the
@@ -30,7 +30,7 @@ from typing import Any
 
 from tspbench.parallel import SCHEMES
 from tspbench.predict.costmodel.hardware import CALIBRATION_KEYS
-from tspbench.predict.maxfit import check_fit as check_fit_lengths
+from tspbench.predict.fitrecords import check_fit as check_fit_lengths
 from tspbench.predict.verdict import VERDICTS
 from tspbench.record.guards import guard as guard_run
 from tspbench.record.schema import STATUSES
@@ -111,7 +111,7 @@ def check_verdict(rec: dict[str, Any]) -> list[str]:
 
 
 def check_fit(rec: dict[str, Any]) -> list[str]:
-    """Reasons a fit or crossover record is implausible: every number finite, and tspbench.predict.maxfit.check_fit
+    """Reasons a fit or crossover record is implausible: every number finite, and tspbench.predict.fitrecords.check_fit
     (lengths non-negative multiples of their grid step, memory positive, the peak at the longest length within the
     device)."""
     return _not_finite(rec) + check_fit_lengths(rec)

@@ -69,7 +69,7 @@ def fig_comm(df: pd.DataFrame, pal: dict, crossovers: list[dict] | None = None):
 def mark_crossovers(ax, sub: pd.DataFrame, crossovers: list[dict]) -> list[str]:
     """Mark where TSP's forward per-layer volume drops to TP's or below at D = T (docs/method.md#crossover), as the
     crossover records of this panel's model and micro-batch give it (the cost model on every multiple of the
-    zigzag's grid, tspbench/predict/maxfit.py comm_crossover); without one, the analytic formula
+    zigzag's grid, tspbench/predict/fitrecords.py comm_crossover); without one, the analytic formula
     B·S ≥ (2 + 2/g + 3F)·h / (4 − 2/g) from the records' model shape, when TSP and TP are both drawn. Returns what
     each line shows, for the caption.
 

@@ -14,12 +14,12 @@ tspbench.record.store.write_records (atomic, each record guarded: docs/records.m
                                 PAPER_SETTING: llama7b, 128K, 1,024 MI300X) under the `schedule` overlap rule, as
                                 `python -m tspbench.plan model=llama7b seq_len=131072 gpus=1024 hardware=mi300x
                                 out=<out_dir>/plan.jsonl` writes them
-    <out_dir>/fit.jsonl         what fits (tspbench/predict/maxfit.py): the longest sequence of each scheme and option
-                                set per recompute mode on 8 GPUs of every device profile (conf/hardware, FIT_HARDWARE),
-                                for the paper's model; and the TSP ≤ TP communication crossover of that model at
-                                D = 8, B = 1, forward and training, from the cost model on a fine grid of sequence
-                                lengths (kinds "fit" and "crossover", guarded by maxfit.check_fit: the report's "what
-                                fits" figure and its communication figure's crossover)
+    <out_dir>/fit.jsonl         what fits (tspbench/predict/fitrecords.py): the longest sequence of each scheme and
+                                option set per recompute mode on 8 GPUs of every device profile (conf/hardware,
+                                FIT_HARDWARE), for the paper's model; and the TSP ≤ TP communication crossover of that
+                                model at D = 8, B = 1, forward and training, from the cost model on a fine grid of
+                                sequence lengths (kinds "fit" and "crossover", guarded by fitrecords.check_fit: the
+                                report's "what fits" figure and its communication figure's crossover)
     <out_dir>/peers.jsonl       the peers' estimators (llm-analysis, DeepSpeed's ZeRO estimator) beside ours
                                 (tspbench/peers/estimators.py, kind "peer_estimate"), as `python -m tspbench.validate`
                                 prints them: the report's trust section tabulates them
@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from tspbench.config import model_preset
-from tspbench.predict import maxfit
+from tspbench.predict import fitrecords
 from tspbench.predict.planner import PAPER_SETTING, PlanRequest, plan, plan_records
 from tspbench.predict.published import default_files, load_rows, record
 from tspbench.record.store import write_records
@@ -50,7 +50,7 @@ def peer_records() -> list[dict[str, Any]]:
 VALIDATION_FILE = "validation.jsonl"
 PLAN_FILE = "plan.jsonl"
 VERDICT_FILE = "verdict.jsonl"
-FIT_FILE = maxfit.FIT_FILE
+FIT_FILE = fitrecords.FIT_FILE
 PEERS_FILE = "peers.jsonl"
 FIT_GPUS = 8
 """The cluster of the fit records: one node of each device profile (the paper's replica)."""
@@ -80,16 +80,16 @@ def verdict_records() -> list[dict[str, Any]]:
 
 
 def fit_context_records() -> list[dict[str, Any]]:
-    """The "fit" records of the paper's model on FIT_GPUS devices of every profile in maxfit.FIT_HARDWARE and its
+    """The "fit" records of the paper's model on FIT_GPUS devices of every profile in fitrecords.FIT_HARDWARE and its
     TSP ≤ TP communication crossovers at D = FIT_GPUS, B = 1 (forward, train)."""
     model = model_preset(PAPER_SETTING["model"])
-    crossings = [maxfit.comm_crossover(model, FIT_GPUS, 1, mode) for mode in ("forward", "train")]
-    return [*maxfit.fit_records(model, FIT_GPUS), *crossings]
+    crossings = [fitrecords.comm_crossover(model, FIT_GPUS, 1, mode) for mode in ("forward", "train")]
+    return [*fitrecords.fit_records(model, FIT_GPUS), *crossings]
 
 
 def write_fit_records(path: str | Path, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Replace `path` by a JSONL file of fit and crossover records, atomically, each guarded as its kind
-    (record/kinds.py: maxfit.check_fit) and marked `implausible` with its `reason` when a check fails."""
+    (record/kinds.py: fitrecords.check_fit) and marked `implausible` with its `reason` when a check fails."""
     return write_records(path, records, kind=("fit", "crossover"))
 
 
