@@ -11,11 +11,11 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from proc_util import tspbench_process
 
 from tspbench.record.store import read_records
 
@@ -33,15 +33,7 @@ FAST = [
 
 
 def cli(args: list[str], cwd: Path) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.Popen(
-        [sys.executable, "-m", "tspbench", *args],
-        cwd=cwd,
-        env=env,
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
+    return tspbench_process(args, cwd, dict(os.environ, PYTHONPATH=str(ROOT)))
 
 
 def finish(p: subprocess.Popen, timeout: float = 300) -> tuple[int, str, str]:

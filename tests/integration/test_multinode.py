@@ -19,6 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from proc_util import tspbench_process
 
 from tspbench.record.store import read_records
 from tspbench.run.experiment import compose_experiment
@@ -115,7 +116,7 @@ def _allocation(grid: list[str], run_dir: Path, cwd: Path, job_id: str) -> tuple
     """Both tasks of a two-node allocation running `grid` into one (shared) run dir: exit codes, (stdout, stderr)."""
     port = free_port()
     tasks = [
-        _tspbench(
+        tspbench_process(
             [*grid, "nodes=2", "gpus_per_node=2", f"control_port={port}", f"hydra.run.dir={run_dir}"],
             cwd,
             _slurm_task(n, job_id),
@@ -126,22 +127,11 @@ def _allocation(grid: list[str], run_dir: Path, cwd: Path, job_id: str) -> tuple
     return [t.returncode for t in tasks], outs
 
 
-def _tspbench(args: list[str], cwd: Path, env: dict) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "tspbench", *args],
-        cwd=cwd,
-        env=env,
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-
-
 # Not slow, so that CI runs it (three `python -m tspbench` processes and two four-rank groups: ~25 s on 2 cores)
 def test_slurm_two_node_allocation_equals_one_node(tmp_path):
     grid = [*SPEC, "schemes=[tsp]", "degree=4", "report=false"]
     # the reference: four ranks on one node, the ordinary command
-    one = _tspbench([*grid, f"hydra.run.dir={tmp_path / 'one'}"], tmp_path, _env())
+    one = tspbench_process([*grid, f"hydra.run.dir={tmp_path / 'one'}"], tmp_path, _env())
     _, err = one.communicate(timeout=300)
     assert one.returncode == 0, err[-3000:]
 
@@ -179,7 +169,7 @@ def test_slurm_allocation_is_checked_before_any_rank_starts(tmp_path):
     from tspbench.run.slurm import allocation_for, refused_in_multi_task_job
 
     grid = [*SPEC, "schemes=[tsp]", "degree=4", "report=false", "nodes=2", "gpus_per_node=2"]
-    p = _tspbench([*grid, "hydra.run.dir=x"], tmp_path, _env())
+    p = tspbench_process([*grid, "hydra.run.dir=x"], tmp_path, _env())
     _, err = p.communicate(timeout=120)
     assert p.returncode == 2 and err.count("\n") == 1, err
     assert err.startswith("tspbench: nodes=2 runs inside a Slurm allocation of 2 nodes (SLURM_JOB_ID is not set)")

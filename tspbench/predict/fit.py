@@ -24,8 +24,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from tspbench.config import GIB
 from tspbench.predict.costmodel.hardware import HardwareProfile
-from tspbench.predict.published import LONG_SEQ, Row, predict
+from tspbench.predict.costmodel.memory import ALLOCATOR_RESERVE
+from tspbench.predict.published import LONG_SEQ, Row, predict, predicted_memory_gib
 
 FITTED = ("gemm_efficiency", "attention_efficiency")
 """The named constants a fit may set, per stack."""
@@ -217,14 +219,14 @@ def fit_reserve(rows: Iterable[Row]) -> ReserveFit | None:
     cal = reserved_rows(rows, "calibration")
     if not cal:
         return None
-    alloc = {r.id: float(predict(r)["allocated_mem_gib"] or 0.0) for r in cal}
+    held = reserved_rows(rows, "validation")
+    alloc = {r.id: float(predict(r)["allocated_mem_gib"] or 0.0) for r in cal + held}  # one prediction per row
     value = math.exp(statistics.fmean(math.log(r.measured[MEMORY] / alloc[r.id]) for r in cal)) - 1.0
 
-    def signed(r: Row, reserve: float | None = None) -> float:
-        pred = predict(r) if reserve is None else predict(r, reserve=reserve)
-        return 100.0 * (float(pred[MEMORY] or 0.0) - r.measured[MEMORY]) / r.measured[MEMORY]
+    def signed(r: Row, reserve: float = ALLOCATOR_RESERVE) -> float:
+        pred = predicted_memory_gib(r, alloc[r.id] * GIB, reserve)
+        return 100.0 * (pred - r.measured[MEMORY]) / r.measured[MEMORY]
 
-    held = reserved_rows(rows, "validation")
     validation = None
     if held:
         before, after = [abs(signed(r)) for r in held], [abs(signed(r, value)) for r in held]

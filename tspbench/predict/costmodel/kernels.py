@@ -25,6 +25,7 @@ FlashAttention-2 (the flat profile's attention_*_efficiency says so): a device's
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass
 
 from tspbench.parallel import ParallelConfig
@@ -96,12 +97,7 @@ def measured_or(hw: HardwareProfile, key: tuple, modelled: float) -> float:
     if key in table:
         return table[key][0]
     same = [m / mod for k, (m, mod) in table.items() if k[0] == key[0] and (k[0] == "gemm" or k[-1] == key[-1])]
-    if not same:
-        return modelled
-    same.sort()
-    mid = len(same) // 2
-    ratio = same[mid] if len(same) % 2 else (same[mid - 1] + same[mid]) / 2
-    return min(1.0, modelled * ratio)
+    return min(1.0, modelled * statistics.median(same)) if same else modelled
 
 
 def attention_efficiency(
