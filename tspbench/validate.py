@@ -18,7 +18,7 @@ from typing import Any
 from tspbench import cli
 from tspbench.config import GIB_TO_GB, ConfigError
 from tspbench.predict.costmodel.memory import ALLOCATOR_RESERVE
-from tspbench.predict.fit import ReserveFit, fit_reserve, fit_summaries
+from tspbench.predict.fit import ReserveFit, fit_reserve, fit_summaries, fitted_validation
 from tspbench.predict.published import LONG_SEQ, default_files, load_rows, record, summary
 from tspbench.record.store import write_records
 
@@ -27,7 +27,10 @@ PRINTED = {"peak_mem_gib": ("peak_mem_gb", GIB_TO_GB)}
 
 
 def render(
-    records: list[dict[str, Any]], fits: list[dict[str, Any]] | None = None, reserve: ReserveFit | None = None
+    records: list[dict[str, Any]],
+    fits: list[dict[str, Any]] | None = None,
+    reserve: ReserveFit | None = None,
+    overall: dict[str, Any] | None = None,
 ) -> str:
     lines = [f"{'row':34s} {'subset':11s} {'quantity':21s} {'published':>10s} {'predicted':>10s} {'error':>8s}"]
     for r in records:
@@ -60,11 +63,17 @@ def render(
     for f in fits or []:
         if f["values"] is None:
             lines.append(
-                f"  stack {f['stack']}: fewer than two in-scope calibration rows with tokens/s: nothing fitted"
+                f"  stack {f['stack']}: fewer than two in-scope calibration rows with tokens/s and no base stack's "
+                "fit: nothing fitted"
             )
             continue
         vals = ", ".join(f"{k} = {v:.2f}" for k, v in f["values"].items())
-        lines.append(f"  stack {f['stack']}: {vals} from {len(f['rows'])} calibration rows (tokens/s, log least sq.)")
+        own = ", ".join(f["fitted"]) or "none"
+        taken = f"; the others from stack {f['taken_from']}" if f["taken_from"] and len(f["fitted"]) < 2 else ""
+        lines.append(
+            f"  stack {f['stack']}: {vals} (× the profile's a-priori efficiency) from {len(f['rows'])} calibration "
+            f"rows (tokens/s, log least sq.; fitted on its own rows: {own}{taken})"
+        )
         if f["at_bound"]:
             lines.append(
                 "    AT THE SEARCH'S BOUND: these rows do not determine the constants (or the model's structure does "
@@ -85,6 +94,22 @@ def render(
                     f"    of which at S ≥ {LONG_SEQ // 1024}K (n={v['n_long']}): a priori median "
                     f"{v['median_before_long']:.1f}%; fitted median {v['median_after_long']:.1f}%"
                 )
+    if overall:
+        lines.append(
+            f"  every stack, validation rows under their stack's fitted constants (n={overall['n']}), tokens/s "
+            f"|error|: median {overall['median']:.1f}% worst {overall['worst']:.1f}%"
+            + (
+                f"; at S ≥ {LONG_SEQ // 1024}K (n={overall['n_long']}) median {overall['median_long']:.1f}%"
+                if overall["n_long"]
+                else ""
+            )
+        )
+        for rid, e in overall["per_row_pct"].items():
+            lines.append(
+                f"    {rid:42s} fitted {e:+7.1f}%" + (" (no fit: a priori)" if rid in overall["unfitted"] else "")
+            )
+        if overall["at_bound"]:
+            lines.append(f"    stacks at the search's bound (no evidence): {', '.join(overall['at_bound'])}")
     if reserve is None:  # the allocator's reserve (tspbench/predict/fit.py fit_reserve)
         lines.append("  allocator reserve: no in-scope calibration row publishes a reserved peak: nothing fitted")
         return "\n".join(lines)
@@ -141,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, ValueError) as e:
         print(f"tspbench.validate: {e}", file=sys.stderr)
         return 2
-    print(render(records, fit_summaries(rows), fit_reserve(rows)))
+    print(render(records, fit_summaries(rows), fit_reserve(rows), fitted_validation(rows)))
     out = Path(vc.out)
     written = write_records(out, records, kind="validation")  # atomic, each record guarded (record/kinds.py)
     bad = [r for r in written if r.get("status") == "implausible"]

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from tspbench.predict.fit import FITTED, QUANTITY, calibration_rows, fit
+import pytest
+
+from tspbench.predict.fit import FITTED, QUANTITY, base_stack, calibration_rows, efficiencies, fit, fits
 from tspbench.predict.published import default_files, load_rows
 
 ROWS = load_rows(default_files())
@@ -23,19 +25,20 @@ def _scaled(rows, subset: str, factor: float):
 
 def test_fit_uses_calibration_rows_only():
     f = fit(ROWS)
-    assert f is not None and set(f.values) == set(FITTED)
+    assert f is not None and set(f.values) == set(FITTED) and f.fitted == FITTED
     ids = {r.id: r for r in ROWS}
     assert f.rows and all(ids[i].subset == "calibration" and not ids[i].out_of_scope for i in f.rows)
     assert set(f.rows) == {r.id for r in calibration_rows(ROWS, "eager")}
-    assert all(0.05 <= v <= 1.0 for v in f.values.values())
+    assert all(0.1 <= v <= 1.9 for v in f.values.values())
 
 
 def test_a_validation_row_never_moves_a_fitted_value_and_a_calibration_row_does():
-    base = fit(ROWS)
-    assert base is not None
-    assert fit(_scaled(ROWS, "validation", 3.0)) == base  # validation rows changed threefold: the same fit
-    moved = fit(_scaled(ROWS, "calibration", 1.5))
-    assert moved is not None and moved.values != base.values  # non-vacuous: the inputs do reach the fit
+    base = fits(ROWS)
+    assert base["eager"] is not None and base["torch_compile+float8"] is not None
+    assert fits(_scaled(ROWS, "validation", 3.0)) == base  # validation rows changed threefold: the same fits
+    moved = fits(_scaled(ROWS, "calibration", 1.5))
+    for stack in ("eager", "eager+triton_attention", "torch_compile+float8"):  # non-vacuous: the inputs reach each fit
+        assert moved[stack] is not None and moved[stack].values != base[stack].values, stack  # type: ignore[union-attr]
 
 
 def test_validate_prints_the_fit_and_its_residuals(capsys, tmp_path):
@@ -46,27 +49,73 @@ def test_validate_prints_the_fit_and_its_residuals(capsys, tmp_path):
     assert "fit on calibration rows only" in out and "fitted residual" in out
     assert "validation rows of stack eager" in out
     assert "(rows at S ≥ 16K only)" in out and "of which at S ≥ 16K" in out  # the long-sequence rows on their own
+    assert "every stack, validation rows under their stack's fitted constants" in out
 
 
-def test_a_stack_shares_eagers_attention_kernel_and_float8_runs_gemms_at_the_fp8_peak():
-    """A non-eager stack fits its GEMM efficiency alone, with eager's attention constant (the same SDPA kernel);
-    a float8 row's GEMMs run at the fp8 peak while its attention stays at the bf16 rate."""
+def test_fitted_validation_covers_every_in_scope_validation_row_under_its_stacks_fit():
+    from tspbench.predict.fit import fitted_validation, stack_of
+    from tspbench.predict.published import predict
+
+    out = fitted_validation(ROWS)
+    assert out is not None
+    held = [r for r in ROWS if r.subset == "validation" and not r.out_of_scope and QUANTITY in r.measured]
+    assert set(out["per_row_pct"]) == {r.id for r in held} and out["n"] == len(held)
+    by_stack = fits(ROWS)
+    r = next(r for r in held if stack_of(r) == "torch_compile+float8")
+    f = by_stack["torch_compile+float8"]
+    assert f is not None
+    expected = 100 * (predict(r, f.override())[QUANTITY] / r.measured[QUANTITY] - 1)
+    assert out["per_row_pct"][r.id] == expected
+
+
+def test_a_derived_stack_takes_its_base_stacks_constants_and_fits_only_what_its_rows_determine():
+    """torch_compile (no calibration row) takes eager's constants; torch_compile+float8's one calibration row (64K, its
+    modelled time mostly attention) fits the attention multiplier and takes eager's GEMM multiplier; llm-foundry's
+    Triton-attention stack is built on no other and fits both on its own three rows."""
+    by_stack = fits(ROWS)
+    eager, comp, f8, lf = (
+        by_stack[s] for s in ("eager", "torch_compile", "torch_compile+float8", "eager+triton_attention")
+    )
+    assert eager is not None and comp is not None and f8 is not None and lf is not None
+    assert (
+        base_stack("torch_compile+float8") == "eager"
+        and base_stack("eager+triton_attention") == "eager+triton_attention"
+    )
+    assert comp.values == eager.values and comp.fitted == () and comp.taken_from == "eager"
+    assert f8.fitted == ("attention_scale",) and f8.taken_from == "eager"
+    assert f8.values["gemm_scale"] == eager.values["gemm_scale"]
+    assert f8.values["attention_scale"] != eager.values["attention_scale"]
+    assert lf.fitted == FITTED and len(lf.rows) == 3
+
+
+def test_multipliers_keep_the_profiles_per_device_ratio_and_cap_at_the_peak():
+    from tspbench.predict.costmodel import load_hardware
+
+    a100, h100 = load_hardware("a100"), load_hardware("h100")
+    _, a_a100, _ = efficiencies(a100, 1.0, 0.5)
+    _, a_h100, _ = efficiencies(h100, 1.0, 0.5)
+    assert a_a100 / a_h100 == pytest.approx(a100.attention_forward_efficiency / h100.attention_forward_efficiency)
+    assert efficiencies(h100, 5.0, 5.0) == (1.0, 1.0, 1.0)
+
+
+def test_float8_runs_gemms_at_the_published_float8_linear_speedup_and_attention_at_bf16():
+    """A float8 row's GEMMs take the bf16 GEMM's time ÷ the profile's float8_linear_speedup (torchao's published
+    figure), its attention the bf16 time; a profile without the speed-up falls back to the peaks' ratio."""
     from tspbench.predict.costmodel import load_hardware
     from tspbench.predict.published import stack_hardware
 
-    eager = fit(ROWS, "eager")
-    f8 = fit(ROWS, "torch_compile+float8")
-    assert eager is not None and f8 is not None
-    assert f8.values["attention_efficiency"] == eager.values["attention_efficiency"]
-    assert all(r.endswith("64k") for r in f8.rows)  # its one calibration row
     row = next(r for r in ROWS if r.id == "tt_h100_llama31_8b_cp4_128k")
     hw = load_hardware(row.hardware)
+    assert hw.float8_linear_speedup == 1.39
     f8hw = stack_hardware(row, hw)
     assert f8hw.peak_flops_bf16 == hw.peak_flops_fp8
-    # the attention kernel keeps its bf16 rate (the profile's published SDPA figure): the same FLOP/s
-    assert f8hw.attention_forward_efficiency * f8hw.peak_flops_bf16 == __import__("pytest").approx(
+    gemm_rate = lambda p: p.matmul_efficiency * p.peak_flops_bf16  # noqa: E731
+    assert gemm_rate(f8hw) == pytest.approx(1.39 * gemm_rate(hw))
+    assert f8hw.attention_forward_efficiency * f8hw.peak_flops_bf16 == pytest.approx(
         (hw.attention_forward_efficiency or hw.matmul_efficiency) * hw.peak_flops_bf16
     )
+    plain = stack_hardware(row, replace(hw, float8_linear_speedup=None))
+    assert gemm_rate(plain) == pytest.approx(gemm_rate(hw) * hw.peak_flops_fp8 / hw.peak_flops_bf16)
     eager_row = next(r for r in ROWS if r.id == "tt_h100_llama31_8b_fsdp")
     assert stack_hardware(eager_row, hw) is hw
 

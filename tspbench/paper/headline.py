@@ -20,7 +20,8 @@ import functools
 from tspbench.paper.best import Reading, best_per_scheme, compare_best, describe, sides_of, strongest_baseline
 from tspbench.paper.setting import LLAMA7B, N_GPUS, SEQ_16K, SEQ_128K
 from tspbench.parallel import scheme
-from tspbench.predict.fit import fit_summaries
+from tspbench.predict.costmodel.hardware import shared_profile
+from tspbench.predict.fit import efficiencies, fits, fitted_validation
 from tspbench.predict.planner import ALLOCATOR_RESERVE, RUNTIME_HEADROOM, Layout
 from tspbench.predict.published import default_files, load_rows
 from tspbench.predict.verdict import Band, Comparison, Scenario, ratio_under, scenarios, verdict
@@ -70,16 +71,19 @@ def headline_markdown() -> str:
         f"{main.verdict}** — TSP ÷ it = {main.band} over {len(scenarios())} shared scenarios of GEMM and attention "
         f"efficiency, link efficiency, overlap and kernel-shape pricing (docs/method.md#verdict); {main.moves_most}."
     )
-    eager_fit = next((f for f in fit_summaries(load_rows(default_files())) if f["stack"] == "eager"), None)
-    if eager_fit and eager_fit["values"]:
-        g, a = eager_fit["values"]["gemm_efficiency"], eager_fit["values"]["attention_efficiency"]
+    eager_fit = fits(load_rows(default_files())).get("eager")
+    if eager_fit is not None:
+        gs, at = eager_fit.values["gemm_scale"], eager_fit.values["attention_scale"]
+        g, a, _ = efficiencies(shared_profile(MAIN.hardware), gs, at)
         eager = Scenario(g, a, 1.0, "schedule")
         t_side, b_side = sides_of(MAIN, tsp, base)
         r_eager = ratio_under(t_side, b_side, eager)
         sentence += (
             f" The central figures use the profile's a-priori efficiencies (0.5 of peak for every kernel: no "
             f"particular stack); with the eager-PyTorch constants fitted on calibration rows only (our own measured "
-            f"path's stack; tspbench/predict/fit.py: GEMM {g:.2f}, attention {a:.2f} of peak) the same layouts give "
+            f"path's stack; tspbench/predict/fit.py: × {gs:.2f} and × {at:.2f} of the a-priori GEMM and attention "
+            f"efficiencies, on the {MAIN.hardware} profile GEMM {g:.2f}, attention {a:.2f} of peak) the same "
+            f"layouts give "
             f"TSP ÷ it = {r_eager:.2f}× ({verdict(Band(r_eager, r_eager, r_eager))} on that one scenario)."
         )
     lines = [
@@ -125,12 +129,12 @@ def headline_markdown() -> str:
         if parts
         else "The cost model has no validation rows."
     )
-    if eager_fit and eager_fit["validation"]:
-        v = eager_fit["validation"]
+    fitted = fitted_validation(load_rows(default_files()))
+    if fitted:
         trust += (
-            f" With the eager-PyTorch constants fitted on calibration rows only (`python -m tspbench.validate` prints "
-            f"the fit and its residuals), tokens/s on the {v['n']} validation rows: median {v['median_after']:.0f}%, "
-            f"worst {v['worst_after']:.0f}%."
+            f" With each stack's constants fitted on calibration rows only (`python -m tspbench.validate` prints the "
+            f"fits and their residuals), tokens/s on the {fitted['n']} validation rows: median "
+            f"{fitted['median']:.0f}%, worst {fitted['worst']:.0f}%."
         )
     lines += [
         "",

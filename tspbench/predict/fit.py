@@ -1,26 +1,38 @@
 """Fitting a small, named set of constants on the calibration rows only (docs/method.md#fit).
 
-The cost model's a-priori constants (conf/hardware: `matmul_efficiency`, and the attention kernel at the GEMM
+The cost model's a-priori constants (conf/hardware: `matmul_efficiency` and the attention kernel's published
 efficiency) are stated assumptions. This module fits, per implementation stack (`Row.stack`; "" reads as eager
-PyTorch; a non-eager stack fits its GEMM efficiency alone and shares eager's attention kernel, `fit`), the two
-kernel-class efficiencies
+PyTorch), two kernel-class multipliers of them:
 
-    gemm_efficiency       the profile's `matmul_efficiency`: every GEMM of the step
-    attention_efficiency  the attention kernel's forward and backward (HardwareProfile.attention_*_efficiency)
+    gemm_scale       × the profile's `matmul_efficiency`: every GEMM of the step
+    attention_scale  × the profile's attention efficiency (HardwareProfile.attention_*_efficiency), forward and
+                     backward
 
-on the in-scope **calibration** rows that publish tokens/s per GPU, by least squares on log(predicted ÷ published)
-(a grid of 0.05 from 0.10 to 0.95, then of 0.01 around the best point; deterministic, no solver). The validation
-rows never enter: `fit` filters on `subset`, and tests/unit/test_fit.py changes a validation row's published number
-and requires the fitted values to stay the same (and a calibration row's to move them). `python -m tspbench.validate`
-prints the fit's inputs, values and residuals, and the validation errors under the fitted constants beside the
-a-priori ones; the headline and the planner keep the a-priori constants.
+Multipliers, not absolute fractions, so that what the profiles source per device (FlashAttention-2 at 0.35 of the
+H100's peak and 0.6 of the A100's) survives a fit that spans devices. They are fitted on the in-scope
+**calibration** rows of the stack that publish tokens/s per GPU, by least squares on log(predicted ÷ published) (a grid
+of 0.1 from 0.1 to 1.9, then of 0.02 around the best point; deterministic, no solver; an efficiency is capped at 1.0):
+
+- a stack with two or more such rows fits both;
+- a stack built on another (`base_stack`: torch_compile and float8 run eager PyTorch's kernels, compile fusing the
+  elementwise work around them and float8 swapping the GEMMs by the sourced `float8_linear_speedup`) with a single
+  row fits the one constant that row determines (the kernel class its prediction is the more sensitive to, at the
+  base stack's constants) and takes the other from the base stack;
+- a stack built on another without calibration rows takes the base stack's constants (a priori, compile changes no
+  constant).
+
+The validation rows never enter: `fit` filters on `subset`, and tests/unit/test_fit.py changes a validation row's
+published number and requires the fitted values to stay the same (and a calibration row's to move them). `python -m
+tspbench.validate` prints the fit's inputs, values and residuals, and the validation errors under the fitted constants
+beside the a-priori ones, per stack and over every stack (`fitted_validation`); the headline and the planner keep the
+a-priori constants.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -29,17 +41,27 @@ from tspbench.predict.costmodel.hardware import HardwareProfile
 from tspbench.predict.costmodel.memory import ALLOCATOR_RESERVE
 from tspbench.predict.published import LONG_SEQ, Row, predict, predicted_memory_gib
 
-FITTED = ("gemm_efficiency", "attention_efficiency")
-"""The named constants a fit may set, per stack."""
+FITTED = ("gemm_scale", "attention_scale")
+"""The named constants a fit may set, per stack: multipliers of the profile's a-priori GEMM and attention
+efficiencies."""
 QUANTITY = "tokens_per_s_per_gpu"
 """The published quantity fitted to."""
-COARSE = [round(0.10 + 0.05 * i, 2) for i in range(18)]
-"""The first grid, 0.10 … 0.95."""
+COARSE = [round(0.1 * i, 1) for i in range(1, 20)]
+"""The first grid, 0.1 … 1.9."""
+DERIVED = frozenset({"torch_compile", "float8"})
+"""Stack parts that run another stack's kernels (`base_stack`)."""
 
 
 def stack_of(row: Row) -> str:
     """The row's implementation stack; unstated reads as eager PyTorch."""
     return row.stack or "eager"
+
+
+def base_stack(stack: str) -> str:
+    """The stack whose kernels `stack` runs: its parts without torch_compile and float8 (eager when none is left);
+    the stack itself when it has neither."""
+    parts = [p for p in stack.split("+") if p not in DERIVED]
+    return "+".join(parts) or "eager"
 
 
 def calibration_rows(rows: Iterable[Row], stack: str) -> list[Row]:
@@ -52,13 +74,23 @@ def calibration_rows(rows: Iterable[Row], stack: str) -> list[Row]:
     ]
 
 
-def with_constants(gemm: float, attention: float):
-    """A hardware override setting the two fitted constants."""
+def efficiencies(hw: HardwareProfile, gemm_scale: float, attention_scale: float) -> tuple[float, float, float]:
+    """The GEMM, attention-forward and attention-backward efficiencies of `hw` under the two multipliers (each capped
+    at 1.0 of the peak)."""
+    g = hw.matmul_efficiency
+    return (
+        min(1.0, g * gemm_scale),
+        min(1.0, (hw.attention_forward_efficiency or g) * attention_scale),
+        min(1.0, (hw.attention_backward_efficiency or g) * attention_scale),
+    )
+
+
+def with_constants(gemm_scale: float, attention_scale: float) -> Callable[[HardwareProfile], HardwareProfile]:
+    """A hardware override applying the two fitted multipliers to a profile's a-priori efficiencies."""
 
     def apply(hw: HardwareProfile) -> HardwareProfile:
-        return replace(
-            hw, matmul_efficiency=gemm, attention_forward_efficiency=attention, attention_backward_efficiency=attention
-        )
+        g, af, ab = efficiencies(hw, gemm_scale, attention_scale)
+        return replace(hw, matmul_efficiency=g, attention_forward_efficiency=af, attention_backward_efficiency=ab)
 
     return apply
 
@@ -78,6 +110,10 @@ def _best(rows: list[Row], gemms: list[float], attns: list[float]) -> tuple[floa
     return g, a
 
 
+def _fine(c: float) -> list[float]:
+    return [round(c + 0.02 * i, 2) for i in range(-5, 6) if 0.05 <= c + 0.02 * i <= 2.0]
+
+
 @dataclass(frozen=True)
 class Fit:
     """One stack's fitted constants, what they were fitted on, and the residuals."""
@@ -85,69 +121,114 @@ class Fit:
     stack: str
     """The implementation stack."""
     values: dict[str, float]
-    """FITTED name → value (fraction of the bf16 peak)."""
+    """FITTED name → multiplier of the profile's a-priori efficiency."""
     rows: tuple[str, ...]
     """The calibration rows used (ids)."""
     before_pct: dict[str, float]
     """Row id → signed tokens/s error with the a-priori constants."""
     residuals_pct: dict[str, float]
     """Row id → signed tokens/s error with the fitted constants."""
+    fitted: tuple[str, ...] = FITTED
+    """The constants fitted on this stack's own rows; the others are the base stack's (`taken_from`)."""
+    taken_from: str = ""
+    """The base stack the constants not in `fitted` come from ("" when both are the stack's own)."""
 
     @property
     def at_bound(self) -> bool:
-        """A fitted value sits at the search's edge (≤ 0.10 or ≥ 0.99 of the peak): the rows do not determine it (or
-        the model's structure is wrong for them), so its validation errors are no evidence."""
-        return any(v <= 0.10 or v >= 0.99 for v in self.values.values())
+        """A fitted value sits at the search's edge (≤ 0.1 or ≥ 1.9 × the a-priori value): the rows do not determine
+        it (or the model's structure is wrong for them), so its validation errors are no evidence."""
+        return any(self.values[k] <= 0.1 or self.values[k] >= 1.9 for k in self.fitted)
+
+    def override(self) -> Callable[[HardwareProfile], HardwareProfile]:
+        """The hardware override of these constants."""
+        return with_constants(self.values["gemm_scale"], self.values["attention_scale"])
 
 
-def _fine(c: float) -> list[float]:
-    return [round(c + 0.01 * i, 2) for i in range(-5, 6) if 0.05 <= c + 0.01 * i <= 1.0]
+def _sensitivity(row: Row, gemm: float, attention: float) -> dict[str, float]:
+    """How much the row's predicted tokens/s moves when each multiplier moves by 10% (log change)."""
+    at = math.log(predict(row, with_constants(gemm, attention))[QUANTITY] or 1.0)
+    return {
+        "gemm_scale": abs(math.log(predict(row, with_constants(gemm * 1.1, attention))[QUANTITY] or 1.0) - at),
+        "attention_scale": abs(math.log(predict(row, with_constants(gemm, attention * 1.1))[QUANTITY] or 1.0) - at),
+    }
 
 
-def fit(rows: Iterable[Row], stack: str = "eager", eager: Fit | None = None) -> Fit | None:
-    """The constants of `stack` fitted on its calibration rows. Eager PyTorch: both constants (None with fewer than
-    two rows). Any other stack runs the same attention kernel (PyTorch's SDPA flash kernel, which torch.compile
-    leaves in place and float8 does not convert), so it shares eager's attention efficiency and fits its GEMM
-    efficiency alone (None without a calibration row, or without an eager fit; `eager`: that fit, when the caller
-    has it already)."""
+def fit(rows: Iterable[Row], stack: str = "eager", base: Fit | None = None) -> Fit | None:
+    """The constants of `stack` fitted on its calibration rows (the module's rules); None when nothing can be fitted
+    or taken (fewer than two rows of a stack built on no other, or no fit of the base stack). `base`: the base stack's
+    fit, when the caller has it already."""
     rows = list(rows)
     cal = calibration_rows(rows, stack)
-    if stack == "eager":
-        if len(cal) < 2:
-            return None
+    fitted: tuple[str, ...] = FITTED
+    taken = ""
+    if len(cal) >= 2:
         g, a = _best(cal, COARSE, COARSE)
         g, a = _best(cal, _fine(g), _fine(a))
     else:
-        eager = eager if eager is not None else fit(rows, "eager")
-        if not cal or eager is None:
+        home = base_stack(stack)
+        if home == stack:
             return None
-        a = eager.values["attention_efficiency"]
-        g, _ = _best(cal, COARSE, [a])
-        g, _ = _best(cal, _fine(g), [a])
+        base = base if base is not None else fit(rows, home)
+        if base is None:
+            return None
+        g, a = base.values["gemm_scale"], base.values["attention_scale"]
+        taken, fitted = home, ()
+        if cal:  # one row: the constant it determines
+            sens = _sensitivity(cal[0], g, a)
+            key = max(sens, key=lambda k: sens[k])
+            fitted = (key,)
+            if key == "gemm_scale":
+                g, _ = _best(cal, COARSE, [a])
+                g, _ = _best(cal, _fine(g), [a])
+            else:
+                _, a = _best(cal, [g], COARSE)
+                _, a = _best(cal, [g], _fine(a))
     override = with_constants(g, a)
     err = lambda pred, r: 100.0 * (pred - r.measured[QUANTITY]) / r.measured[QUANTITY]  # noqa: E731
     return Fit(
         stack,
-        {"gemm_efficiency": g, "attention_efficiency": a},
+        {"gemm_scale": g, "attention_scale": a},
         tuple(r.id for r in cal),
         {r.id: err(predict(r)[QUANTITY], r) for r in cal},
         {r.id: err(predict(r, override)[QUANTITY], r) for r in cal},
+        fitted,
+        taken,
     )
+
+
+def fits(rows: list[Row]) -> dict[str, Fit | None]:
+    """Every in-scope stack's fit (None: nothing fitted), base stacks first so that the others reuse theirs."""
+    stacks = sorted({stack_of(r) for r in rows if not r.out_of_scope})
+    out: dict[str, Fit | None] = {}
+    for stack in sorted(stacks, key=lambda s: base_stack(s) != s):
+        home = base_stack(stack)
+        if home != stack and home not in out:
+            out[home] = fit(rows, home)
+        out[stack] = fit(rows, stack, out.get(home)) if home != stack else fit(rows, stack)
+    return {s: out[s] for s in stacks}
+
+
+def _errors(rows: list[Row], hw: Callable[[HardwareProfile], HardwareProfile] | None) -> list[float]:
+    return [100.0 * (float(predict(r, hw)[QUANTITY] or 0.0) / r.measured[QUANTITY] - 1.0) for r in rows]
 
 
 def fit_summaries(rows: list[Row]) -> list[dict[str, Any]]:
     """Per stack of the in-scope rows: the fit (None values: nothing fitted), and the validation rows' tokens/s
     |error| (%) under the a-priori and the fitted constants (n, median and worst of each), for printing."""
     out: list[dict[str, Any]] = []
-    eager = fit(rows, "eager")  # once: every other stack shares its attention constant
-    for stack in sorted({stack_of(r) for r in rows if not r.out_of_scope}):
-        f = eager if stack == "eager" else fit(rows, stack, eager)
+    for stack, f in fits(rows).items():
         item: dict[str, Any] = {"stack": stack, "values": None, "validation": None}
         out.append(item)
         if f is None:
             continue
         item.update(
-            values=f.values, rows=f.rows, before_pct=f.before_pct, residuals_pct=f.residuals_pct, at_bound=f.at_bound
+            values=f.values,
+            rows=f.rows,
+            before_pct=f.before_pct,
+            residuals_pct=f.residuals_pct,
+            at_bound=f.at_bound,
+            fitted=f.fitted,
+            taken_from=f.taken_from,
         )
         held = [
             r
@@ -155,9 +236,8 @@ def fit_summaries(rows: list[Row]) -> list[dict[str, Any]]:
             if r.subset == "validation" and not r.out_of_scope and stack_of(r) == stack and QUANTITY in r.measured
         ]
         if held:
-            over = with_constants(f.values["gemm_efficiency"], f.values["attention_efficiency"])
-            err = lambda r, hw=None: abs(predict(r, hw)[QUANTITY] / r.measured[QUANTITY] - 1) * 100  # noqa: E731
-            before, after = [err(r) for r in held], [err(r, over) for r in held]
+            before = [abs(e) for e in _errors(held, None)]
+            after = [abs(e) for e in _errors(held, f.override())]
             item["validation"] = {
                 "n": len(held),
                 "median_before": statistics.median(before),
@@ -173,6 +253,35 @@ def fit_summaries(rows: list[Row]) -> list[dict[str, Any]]:
                     median_after_long=statistics.median(after[i] for i in long),
                 )
     return out
+
+
+def fitted_validation(rows: list[Row]) -> dict[str, Any] | None:
+    """Every in-scope validation row publishing tokens/s, each under its own stack's fitted constants: the signed
+    error per row and the |error| summary (n, median, worst; the same at S ≥ LONG_SEQ). A row whose stack has no fit
+    is predicted with the a-priori constants and listed under `unfitted`. None without such a row."""
+    by_stack = fits(rows)
+    held = [r for r in rows if r.subset == "validation" and not r.out_of_scope and QUANTITY in r.measured]
+    if not held:
+        return None
+    signed: dict[str, float] = {}
+    unfitted: list[str] = []
+    for r in held:
+        f = by_stack.get(stack_of(r))
+        if f is None:
+            unfitted.append(r.id)
+        signed[r.id] = _errors([r], f.override() if f else None)[0]
+    errs = [abs(v) for v in signed.values()]
+    long = [abs(signed[r.id]) for r in held if r.seq_len >= LONG_SEQ]
+    return {
+        "per_row_pct": signed,
+        "n": len(errs),
+        "median": statistics.median(errs),
+        "worst": max(errs),
+        "n_long": len(long),
+        "median_long": statistics.median(long) if long else None,
+        "unfitted": unfitted,
+        "at_bound": sorted(s for s, f in by_stack.items() if f is not None and f.at_bound),
+    }
 
 
 # ------------------------------------------------------------------------------------- the allocator's reserve

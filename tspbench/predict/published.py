@@ -166,7 +166,7 @@ def predicted_memory_gib(row: Row, allocated_bytes: float, reserve: float = ALLO
     return allocated_bytes / GIB
 
 
-MODELLED_STACK = frozenset({"eager", "torch_compile", "float8"})
+MODELLED_STACK = frozenset({"eager", "torch_compile", "float8", "triton_attention"})
 """The implementation-stack parts the prediction represents (`stack_hardware`); a row whose stack has another part
 (transformer_engine, deepspeed, cpu_offload, async_tp) stays out of scope."""
 
@@ -177,20 +177,28 @@ def stack_parts(row: Row) -> set[str]:
 
 
 def stack_hardware(row: Row, hw: HardwareProfile) -> HardwareProfile:
-    """The profile as the row's stack runs it (docs/method.md#fit): with `float8`, every GEMM runs at the fp8 peak
-    (`peak_flops_fp8`) at the same fraction of it, while the attention kernel stays in bf16 (its efficiency rescaled so
-    that its time is the bf16 one). `torch_compile` changes no FLOP and no constant a priori (its fusion touches the
-    elementwise work the roofline does not price); the per-stack fit (tspbench/predict/fit.py) gives it its own GEMM
-    efficiency where calibration rows allow. A float8 row on a profile without an fp8 peak is a ValueError."""
+    """The profile as the row's stack runs it (docs/method.md#fit): with `float8`, every GEMM runs on the fp8 peak
+    (`peak_flops_fp8`) `float8_linear_speedup` times as fast as the bf16 GEMM (torchao's published float8-linear
+    speed-up on the device, casts and scales included; a profile without it: at the bf16 GEMM's fraction of the fp8
+    peak, i.e. the peaks' ratio), while the attention kernel stays in bf16 (its efficiency rescaled so that its time is
+    the bf16 one). `torch_compile` and `triton_attention` (a Triton flash-attention kernel in place of SDPA's) change
+    no FLOP and no constant a priori (compile's fusion touches the elementwise work the roofline does not price); the
+    per-stack fit (tspbench/predict/fit.py) gives a stack its own constants where calibration rows allow. A float8 row
+    on a profile without an fp8 peak is a ValueError."""
     if "float8" not in stack_parts(row):
         return hw
     if not hw.peak_flops_fp8:
         raise ValueError(f"row {row.id}: stack float8 on hardware {hw.name}, whose profile has no peak_flops_fp8")
     scale = hw.peak_flops_bf16 / hw.peak_flops_fp8
+    speedup = hw.float8_linear_speedup or 1.0 / scale
     attn_f = (hw.attention_forward_efficiency or hw.matmul_efficiency) * scale
     attn_b = (hw.attention_backward_efficiency or hw.matmul_efficiency) * scale
     return replace(
-        hw, peak_flops_bf16=hw.peak_flops_fp8, attention_forward_efficiency=attn_f, attention_backward_efficiency=attn_b
+        hw,
+        peak_flops_bf16=hw.peak_flops_fp8,
+        matmul_efficiency=hw.matmul_efficiency * speedup * scale,
+        attention_forward_efficiency=attn_f,
+        attention_backward_efficiency=attn_b,
     )
 
 

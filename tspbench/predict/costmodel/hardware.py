@@ -31,6 +31,10 @@ class HardwareProfile:
     """fp32 peak, FLOP/s."""
     peak_flops_fp8: float | None = None
     """Dense fp8 matrix peak, FLOP/s (float8 GEMMs of a published row's stack); None: the device has no fp8."""
+    float8_linear_speedup: float | None = None
+    """A float8 linear's forward + backward time (its casts and scales included) ÷ the bf16 linear's, inverted: the
+    published speed-up of float8 training GEMMs for large LLM shapes on this device (tspbench/predict/published.py
+    stack_hardware); None: not published, the float8 GEMM runs at the bf16 GEMM's fraction of `peak_flops_fp8`."""
     mem_bytes: float = 80e9
     """Device memory capacity, bytes (decimal)."""
     mem_bw: float = 3e12
