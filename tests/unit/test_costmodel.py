@@ -33,7 +33,9 @@ from tspbench.predict.costmodel import (
     ring_buffer_bytes,
 )
 from tspbench.predict.costmodel.collectives import collective_time_s, layer_collectives, received_elems
+from tspbench.predict.costmodel.elementwise import EAGER, block_bytes
 from tspbench.predict.costmodel.time import HardwareProfile, cluster_throughput, load_hardware, step_time
+from tspbench.predict.costmodel.workload import PRICING
 
 LLAMA7B = ModelConfig(
     name="llama7b", vocab_size=32000, dim=4096, n_layers=32, n_heads=32, n_kv_heads=32, ffn_hidden=16384
@@ -292,9 +294,13 @@ def test_link_selection_and_overlap():
     assert none["step_s"] == pytest.approx(none["compute_s"] + none["comm_s"])
     assert ideal["step_s"] == pytest.approx(max(ideal["compute_s"], ideal["comm_s"]))
     assert none["exposed_comm_s"] == pytest.approx(none["comm_s"])
-    # compute: the replica's FLOPs split over D ranks at peak × efficiency
+    # compute: the replica's FLOPs split over D ranks at peak × efficiency (the elementwise term off: the roofline
+    # alone), and with it the block's elementwise bytes at the memory bandwidth on top
+    bare = step_time(par, fwd, hw, layers=1, pricing=replace(PRICING, elementwise="none"))
+    assert bare["compute_s"] == pytest.approx(1.6106e9 * S128K / 8 / (1307.4e12 * 0.5), rel=1e-3)
     one = step_time(par, fwd, hw, layers=1)
-    assert one["compute_s"] == pytest.approx(1.6106e9 * S128K / 8 / (1307.4e12 * 0.5), rel=1e-3)
+    moved = block_bytes(par, fwd, EAGER, 0)
+    assert one["compute_s"] == pytest.approx(bare["compute_s"] + moved / hw.mem_bw)
 
 
 def test_cluster_throughput():

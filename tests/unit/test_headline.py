@@ -63,7 +63,10 @@ def test_changes_table_ends_at_the_headline_and_starts_at_the_first_rule():
     assert after().pricing == PRICING and not after().fixed and after().hsdp
     first = State()
     assert first.fixed and not first.hsdp and first.pricing == FIRST_PRICING
-    assert all(getattr(FIRST_PRICING, f) != getattr(PRICING, f) for f in ("dp_overlap", "tp_async", "tsp_kv_pipeline"))
+    assert all(
+        getattr(FIRST_PRICING, f) != getattr(PRICING, f)
+        for f in ("dp_overlap", "tp_async", "tsp_kv_pipeline", "elementwise")
+    )
     assert all(apply(first) != first for _, apply in CHANGES)
     t0, _ = sides(first, MAIN)
     assert t0 is not None and t0.par.recompute == "full" and t0.batch == 1

@@ -30,7 +30,9 @@ FIRST_OPTIONS: Mapping[str, LayoutOptions] = {
 }
 """The first headline's candidates: TSP, TP and TP+Megatron-SP with their defaults, every K/V exchange, tp_sp at
 every factorisation with Megatron-SP on and off (an absent scheme runs its defaults)."""
-FIRST_PRICING = Pricing(links="node", dp_overlap=False, tp_async=False, ulysses_overlap=False, tsp_kv_pipeline=False)
+FIRST_PRICING = Pricing(
+    links="node", dp_overlap=False, tp_async=False, ulysses_overlap=False, tsp_kv_pipeline=False, elementwise="none"
+)
 """The first headline's time model: none of the priced mechanisms added since."""
 
 
@@ -62,6 +64,10 @@ def _links(s: State) -> State:
     return replace(s, pricing=replace(s.pricing, links="topology"))
 
 
+def _elementwise(s: State) -> State:
+    return replace(s, pricing=replace(s.pricing, elementwise="eager"))
+
+
 def _tsp_options(s: State) -> State:
     return replace(s, options={**s.options, "tsp": EVERY_OPTION})
 
@@ -77,6 +83,7 @@ CHANGES: tuple[tuple[str, Callable[[State], State]], ...] = (
     ("TP family: Megatron's asynchronous backward overlap", _price("tp_async")),
     ("Ulysses: DeepSpeed's all-to-all overlap", _price("ulysses_overlap")),
     ("links as the hardware has them (p − 1 xGMI links per p-GPU group)", _links),
+    ("every scheme: the elementwise work (norms, RoPE, SwiGLU, loss) at the memory bandwidth", _elementwise),
     ("FSDP×SP as HSDP (memory and time of one layout)", lambda s: replace(s, hsdp=True)),
     ("each side's best: recompute, micro-batch and every option searched", _best_of_each),
     ("fits with the allocator's reserve and the runtime's headroom", lambda s: replace(s, headroom=True)),

@@ -16,7 +16,10 @@ the row's hardware profile:
   prefetched one and the last reduce-scatter input), the LM head gathered from its forward to its backward, each
   rank running its whole sequences. config.validate_parallel refuses fsdp_sp with degree 1 for runs (it is the
   single-device token layout); the closed form accepts it and that is all this uses. Their TIME stays single × dp
-  with overlap "ideal" (above).
+  with overlap "ideal" (above). The model state is priced with the row's `training` (costmodel Training: default
+  AdamW with fp32 master weights and moments, gradients in bf16; e.g. pure-bf16 training, or fp32 gradients).
+A row whose stack has a part of MEMORY_ONLY_STACK (DeepSpeed, Megatron) is in scope for its peak memory only: it may
+not publish a time quantity (`load_rows` refuses it), so its tokens/s is never compared nor fitted.
 `record(row)` is one validation record (docs/records.md#validation-records): published vs predicted with the signed
 error per quantity; `summary` the median and worst absolute error per quantity, separately for the calibration and
 validation subsets; `validation_errors()` the validation subset's, which the planner and the README's headline
@@ -39,6 +42,7 @@ from tspbench.paths import conf_dir
 from tspbench.predict.costmodel import Workload, cluster_throughput, flops_per_token, memory_breakdown
 from tspbench.predict.costmodel.hardware import HardwareProfile, shared_profile
 from tspbench.predict.costmodel.memory import ALLOCATOR_RESERVE, RUNTIME_HEADROOM, reserved_bytes
+from tspbench.predict.costmodel.workload import BYTES, PRICING, Pricing, Training
 
 QUANTITIES = ("tokens_per_s_per_gpu", "mfu_pct", "peak_mem_gib", "step_s")
 FLOPS_CONVENTIONS = ("palm", "megatron_eq3")
@@ -100,6 +104,12 @@ class Row:
     """Why the model family cannot represent the row (kept, never dropped)."""
     notes: str = ""
     """Mapping caveats."""
+    training: dict[str, Any] = field(default_factory=dict)
+    """How the source kept the model state: fields of costmodel Training (optimizer: adamw or sgd; master_fp32:
+    false for pure-bf16 training, parameters, gradients and AdamW moments all in bf16 with no fp32 master copy, as
+    torchtune's `dtype: bf16`; grad_dtype: float32 for fp32 gradients, as Megatron keeps its main grads in bf16
+    runs). Only the memory prediction takes it. Optional: {} (the default, and every row written before the field
+    existed) is Training(): AdamW with fp32 master weights and moments, gradients in the run's bf16."""
     file: str = field(default="", repr=False)
     """The file the row came from."""
 
@@ -128,11 +138,34 @@ def load_rows(paths: list[Path]) -> list[Row]:
                 raise ValueError(
                     f"{path}: row {raw.get('id')}: flops={raw.get('flops')!r}; allowed: {FLOPS_CONVENTIONS}"
                 )
+            problem = training_problem(raw.get("training", {})) or stack_problem(raw)
+            if problem:
+                raise ValueError(f"{path}: row {raw.get('id')}: {problem}")
             try:
                 rows.append(Row(**raw, file=str(path)))
             except TypeError as e:
                 raise ValueError(f"{path}: row {raw.get('id')}: {e}") from None
     return rows
+
+
+TRAINING_FIELDS = ("optimizer", "master_fp32", "grad_dtype")
+"""The costmodel Training fields a row's `training` may set."""
+
+
+def training_problem(training: Any) -> str:
+    """What is wrong with a row's `training` ("" when nothing): a mapping of TRAINING_FIELDS with valid values."""
+    if not isinstance(training, dict):
+        return f"training={training!r} is not a mapping of {TRAINING_FIELDS}"
+    unknown = sorted(set(training) - set(TRAINING_FIELDS))
+    if unknown:
+        return f"training has unknown field(s) {unknown}; allowed: {TRAINING_FIELDS}"
+    if training.get("optimizer", "adamw") not in ("adamw", "sgd"):
+        return f"training.optimizer={training['optimizer']!r}; allowed: adamw, sgd"
+    if not isinstance(training.get("master_fp32", True), bool):
+        return f"training.master_fp32={training['master_fp32']!r} is not true or false"
+    if training.get("grad_dtype") not in (None, *BYTES):
+        return f"training.grad_dtype={training['grad_dtype']!r}; allowed: {', '.join(BYTES)}"
+    return ""
 
 
 def published_flops_per_token(model: ModelConfig, seq_len: int, convention: str) -> float:
@@ -166,14 +199,47 @@ def predicted_memory_gib(row: Row, allocated_bytes: float, reserve: float = ALLO
     return allocated_bytes / GIB
 
 
-MODELLED_STACK = frozenset({"eager", "torch_compile", "float8", "triton_attention"})
+MODELLED_STACK = frozenset({"eager", "torch_compile", "float8", "triton_attention", "fused_elementwise"})
 """The implementation-stack parts the prediction represents (`stack_hardware`); a row whose stack has another part
-(transformer_engine, deepspeed, cpu_offload, async_tp) stays out of scope."""
+(transformer_engine, cpu_offload, async_tp) stays out of scope, except a MEMORY_ONLY_STACK part (its memory only)."""
+
+MEMORY_ONLY_STACK = frozenset({"deepspeed", "megatron"})
+"""Stack parts whose peak memory the closed form represents but whose time it does not: DeepSpeed ZeRO-3 shards
+parameters, gradients and optimizer state as FSDP's full shard does (fsdp: true, or fsdp_sp for ZeRO-3 + Ulysses),
+and Megatron's tensor parallelism with sequence parallelism is tp_msp; their kernels, buckets and overlap are not
+those the per-stack fit prices. A row whose stack has such a part (and no other unmodelled one) may be in scope for
+its peak memory only: `load_rows` refuses it publishing a time quantity (TIME_QUANTITIES), so its time is
+never compared and it never enters the tokens/s fit (tspbench/predict/fit.py fits rows publishing
+tokens_per_s_per_gpu only). `predict` still returns the layout's eager-kernel time for it (every in-scope record
+carries one); nothing compares it. A time the source prints is quoted in the row's `notes`."""
+
+TIME_QUANTITIES = ("tokens_per_s_per_gpu", "mfu_pct", "step_s")
+"""The compared quantities that are times (a MEMORY_ONLY_STACK row may publish none of them)."""
 
 
 def stack_parts(row: Row) -> set[str]:
     """The parts of a row's `stack` ("" reads as eager PyTorch)."""
     return set((row.stack or "eager").split("+"))
+
+
+def memory_only(row: Row) -> bool:
+    """The row's stack has a MEMORY_ONLY_STACK part: only its peak memory is compared."""
+    return bool(stack_parts(row) & MEMORY_ONLY_STACK)
+
+
+def stack_problem(raw: dict[str, Any]) -> str:
+    """Why an in-scope row (a raw `rows:` entry) cannot be compared as its stack stands ("" when it can): a
+    MEMORY_ONLY_STACK part with a published time quantity."""
+    if raw.get("out_of_scope"):
+        return ""
+    parts = set((raw.get("stack") or "eager").split("+"))
+    times = sorted(q for q in raw.get("measured", {}) if q in TIME_QUANTITIES)
+    if parts & MEMORY_ONLY_STACK and times:
+        return (
+            f"stack part(s) {sorted(parts & MEMORY_ONLY_STACK)} are modelled for memory only, but the row publishes "
+            f"{times}; quote the source's time in its notes"
+        )
+    return ""
 
 
 def stack_hardware(row: Row, hw: HardwareProfile) -> HardwareProfile:
@@ -202,6 +268,17 @@ def stack_hardware(row: Row, hw: HardwareProfile) -> HardwareProfile:
     )
 
 
+FUSED_ELEMENTWISE = frozenset({"torch_compile", "fused_elementwise"})
+"""Stack parts whose elementwise work runs in fused kernels: torch.compile's, and Megatron-LM's hand-fused ones
+(fused_elementwise: apex's FusedLayerNorm, the bias+GeLU, bias+dropout+add and scale+mask+softmax fusions)."""
+
+
+def stack_pricing(row: Row) -> Pricing:
+    """The time model's mechanisms as the row's stack runs them: a FUSED_ELEMENTWISE part prices the elementwise work
+    fused (Pricing.elementwise = "compiled", costmodel/elementwise.py); every other stack runs it eagerly."""
+    return replace(PRICING, elementwise="compiled") if stack_parts(row) & FUSED_ELEMENTWISE else PRICING
+
+
 def predict(
     row: Row,
     hardware: Callable[[HardwareProfile], HardwareProfile] | None = None,
@@ -210,7 +287,7 @@ def predict(
     """The cost model's tokens/s per GPU, MFU (%) and peak memory (GiB, the memory the row publishes:
     `predicted_memory_gib`, with the allocator's `reserve`) for one row; `hardware` replaces constants of the row's
     profile (tspbench/predict/fit.py's fitted ones), None: the profile as it is. The memory is None when the row's
-    memory is out of scope (`Row.memory_out_of_scope`)."""
+    memory is out of scope (`Row.memory_out_of_scope`); it prices the model state with the row's `training`."""
     model = ModelConfig(**row.model)
     lay = {k: v for k, v in row.layout.items() if k not in ("fsdp", "overlap")}
     degree = int(lay.get("degree", 1))
@@ -220,10 +297,11 @@ def predict(
     hw = stack_hardware(row, hardware(base) if hardware is not None else base)
     overlap = row.layout.get("overlap", "ideal" if row.layout.get("fsdp") else "none")
     work = Workload(model, row.seq_len, row.micro_batch, mode="train")
-    ct = cluster_throughput(par, work, hw, row.gpus, overlap=overlap)
+    ct = cluster_throughput(par, work, hw, row.gpus, overlap=overlap, pricing=stack_pricing(row))
     tps = ct["tokens_per_s_per_device"]
     model_flops = published_flops_per_token(model, row.seq_len, row.flops)
-    mem = None if row.memory_out_of_scope else memory_breakdown(memory_parallel(row, par), work)["total"]
+    training = Training(**row.training)
+    mem = None if row.memory_out_of_scope else memory_breakdown(memory_parallel(row, par), work, training)["total"]
     return {
         "tokens_per_s_per_gpu": tps,
         "mfu_pct": 100.0 * tps * model_flops / base.peak_flops("bfloat16"),  # of the bf16 peak, as published
@@ -264,6 +342,8 @@ def record(row: Row) -> dict[str, Any]:
     for q in row.measured:
         if q not in QUANTITIES:
             rec["quantity_out_of_scope"][q] = f"{q} is recorded as published; the cost model predicts only {QUANTITIES}"
+            if memory_only(row):
+                rec["quantity_out_of_scope"][q] += f" (stack {row.stack}: its memory only, MEMORY_ONLY_STACK)"
     for q in QUANTITIES:
         if q not in row.measured:
             continue

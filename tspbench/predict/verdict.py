@@ -75,9 +75,9 @@ RANGES: tuple[Range, ...] = (
         0.15,
         0.75,
         source="fraction of the bf16 peak the attention kernel reaches in a training step: fitted on calibration "
-        "rows only (tspbench/predict/fit.py) 0.20–0.23 of H100's peak where attention dominates (Triton flash "
-        "attention at 32K, SDPA under context parallelism at 64K), lower at 4K–8K where the constant also absorbs "
-        "the elementwise work the model does not price; FlashAttention-2 ≈ 35% of H100's peak, FlashAttention-3 up "
+        "rows only (tspbench/predict/fit.py) 0.20–0.24 of H100's peak where attention dominates (Triton flash "
+        "attention at 32K, SDPA under context parallelism at 64K), ≈ 0.13 from eager rows at 4K–8K where attention "
+        "is a small share; FlashAttention-2 ≈ 35% of H100's peak, FlashAttention-3 up "
         "to 75% in BF16 forward (Shah et al. 2024, arXiv:2407.08608, abstract); central: the GEMM efficiency (the "
         "time model's default)",
     ),

@@ -26,6 +26,7 @@ from tspbench.predict.costmodel.collectives import (
     tsp_collectives,
 )
 from tspbench.predict.costmodel.comm import grad_sync_groups, kv_grad_sync_group
+from tspbench.predict.costmodel.elementwise import elementwise_time_s
 from tspbench.predict.costmodel.flops import hardware_flops_per_token
 from tspbench.predict.costmodel.hardware import HardwareProfile, load_hardware  # noqa: F401 (re-exported)
 from tspbench.predict.costmodel.kernels import KERNELS, layer_shape_time_s
@@ -352,7 +353,8 @@ def compute_time_s(
     (flops.hardware_flops_per_token: recompute, flash backward) split over its ranks, except the LM head (full
     model only), which each rank runs on B·S/loss_div tokens × V/vocab_div classes; at the roofline, the attention
     kernel at its own measured rates on a calibrated profile. Pricing.kernels="shape": the layers' GEMM and attention
-    calls each at its own shape's efficiency (kernels.layer_shape_time_s), the rest (LM head) at the roofline."""
+    calls each at its own shape's efficiency (kernels.layer_shape_time_s), the rest (LM head) at the roofline. Plus
+    the elementwise work at the memory bandwidth (Pricing.elementwise, costmodel/elementwise.py)."""
     if pricing.kernels not in KERNELS:
         raise ValueError(f"Pricing.kernels={pricing.kernels!r} is unknown; allowed: {', '.join(KERNELS)}")
     model, mode, lay = work.model, work.mode, layout(par)
@@ -378,6 +380,7 @@ def compute_time_s(
         layer_flops, layer_s = layer_shape_time_s(par, work, hw, reruns=reruns)
         rest = max(0.0, flops - n_layers * layer_flops)  # the LM head (and what the listed calls do not cover)
         compute_s = rest / (hw.peak_flops(work.dtype) * hw.matmul_efficiency) + n_layers * layer_s
+    compute_s += elementwise_time_s(par, work, hw.mem_bw, pricing.elementwise, n_layers, with_loss=layers is None)
     return flops, compute_s
 
 

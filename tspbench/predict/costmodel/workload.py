@@ -88,6 +88,10 @@ class Pricing:
     tsp_kv_pipeline: bool = True
     """TSP's K/V all-gathers pipelined across owners (owner r+1's projections and gather posted before owner r's
     attention); false: each owner's gather waited at once."""
+    elementwise: str = "eager"
+    """eager: the token-wise ops between the GEMMs (norms, residual adds, RoPE, SwiGLU's product, the loss) at the
+    device's memory bandwidth, each op's traffic as eager PyTorch runs it (costmodel/elementwise.py); compiled: as
+    torch.compile fuses them (a published row's torch_compile stack); none: not priced (the time model before)."""
     kernels: str = "flat"
     """flat: every FLOP at the profile's one matmul_efficiency (the attention kernel at its calibrated rates on a
     calibrated profile); shape: each GEMM and flash-attention call a layer issues at the efficiency of its own shape,
