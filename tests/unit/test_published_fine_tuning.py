@@ -85,15 +85,19 @@ def test_fp32_gradients_are_taken_from_the_row(rows):
 
 
 def test_memory_only_stacks_publish_no_time_and_never_enter_the_fit(rows):
+    """Megatron rows are memory-only; this file's DeepSpeed rows publish no time, so the deepspeed stack's fit comes
+    from other files' rows only (xtuner.yaml's tokens/s) and is the same with or without this file."""
     mem_only = [r for r in rows if published.memory_only(r)]
-    assert {stack_of(r) for r in mem_only} == {"deepspeed", "megatron"}
-    for r in mem_only:
-        assert not set(r.measured) & set(published.TIME_QUANTITIES)
+    assert {stack_of(r) for r in mem_only} == {"megatron"}
+    for r in rows:
+        if stack_of(r) in ("deepspeed", "megatron"):
+            assert not set(r.measured) & set(published.TIME_QUANTITIES)
     every = published.load_rows(published.default_files())
     before = published.load_rows(OTHERS)
     for stack in {stack_of(r) for r in every if not r.out_of_scope}:
         assert [r.id for r in calibration_rows(every, stack)] == [r.id for r in calibration_rows(before, stack)]
-    assert fit(every, "deepspeed") is None and fit(every, "megatron") is None
+    assert fit(every, "megatron") is None
+    assert fit(every, "deepspeed") == fit(before, "deepspeed")
 
 
 def _write(tmp_path: Path, **row) -> Path:
@@ -126,7 +130,7 @@ def _write(tmp_path: Path, **row) -> Path:
         ({"training": {"optimizer": "adam8bit"}}, "optimizer"),
         ({"training": {"master_fp32": "no"}}, "master_fp32"),
         ({"training": ["master_fp32"]}, "not a mapping"),
-        ({"stack": "deepspeed", "measured": {"peak_mem_gib": 10.0, "tokens_per_s_per_gpu": 100.0}}, "memory only"),
+        ({"stack": "megatron", "measured": {"peak_mem_gib": 10.0, "tokens_per_s_per_gpu": 100.0}}, "memory only"),
         ({"stack": "megatron", "measured": {"step_s": 1.0}}, "memory only"),
     ],
 )

@@ -33,6 +33,31 @@ def test_published_rows_meet_the_issue_minimums(rows):
     assert len({r.id for r in rows}) == len(rows)
 
 
+def _publisher(row) -> str:
+    """The project a row's source belongs to: a GitHub repository (torchtitan's docs and the Trainy benchmark both sit
+    in pytorch/torchtitan, so they count once; torchtune is another code base of the same organisation, which the
+    closing note says), or the first word of a paper citation."""
+    words = row.source.split()
+    return "/".join(words[0].split("/")[1:3]) if words[0].startswith("github.com/") else words[0]
+
+
+def test_memory_and_long_sequence_rows_come_from_three_publishers(rows):
+    """Peak memory: at least six compared rows from at least three publishers; sequences of 16K or more with context
+    parallelism or Ulysses: at least eight in-scope rows from at least three publishers (a compared quantity each)."""
+    mem = [r for r in rows if not r.out_of_scope and "peak_mem_gib" in published.record(r)["error_pct"]]
+    assert len(mem) >= 6 and len({_publisher(r) for r in mem}) >= 3
+    long = [
+        r
+        for r in rows
+        if not r.out_of_scope
+        and r.seq_len >= published.LONG_SEQ
+        and r.layout.get("scheme") in ("fsdp_sp", "sp", "tp_sp")
+        and int(r.layout.get("degree", 1)) > 1
+        and published.record(r)["error_pct"]
+    ]
+    assert len(long) >= 8 and len({_publisher(r) for r in long}) >= 3, sorted({_publisher(r) for r in long})
+
+
 def test_every_in_scope_quantity_is_predicted_or_says_why(rows):
     for row in rows:
         rec = published.record(row)

@@ -134,7 +134,7 @@ def headline_markdown() -> str:
         trust += (
             f" With each stack's constants fitted on calibration rows only (`python -m tspbench.validate` prints the "
             f"fits and their residuals), tokens/s on the {fitted['n']} validation rows: median "
-            f"{fitted['median']:.0f}%, worst {fitted['worst']:.0f}%."
+            f"{fitted['median']:.1f}%, worst {fitted['worst']:.1f}%."
         )
     lines += [
         "",

@@ -18,8 +18,8 @@ the row's hardware profile:
   single-device token layout); the closed form accepts it and that is all this uses. Their TIME stays single × dp
   with overlap "ideal" (above). The model state is priced with the row's `training` (costmodel Training: default
   AdamW with fp32 master weights and moments, gradients in bf16; e.g. pure-bf16 training, or fp32 gradients).
-A row whose stack has a part of MEMORY_ONLY_STACK (DeepSpeed, Megatron) is in scope for its peak memory only: it may
-not publish a time quantity (`load_rows` refuses it), so its tokens/s is never compared nor fitted.
+A row whose stack has a part of MEMORY_ONLY_STACK (Megatron) is in scope for its peak memory only: it may not
+publish a time quantity (`load_rows` refuses it), so its tokens/s is never compared nor fitted.
 `record(row)` is one validation record (docs/records.md#validation-records): published vs predicted with the signed
 error per quantity; `summary` the median and worst absolute error per quantity, separately for the calibration and
 validation subsets; `validation_errors()` the validation subset's, which the planner and the README's headline
@@ -199,14 +199,16 @@ def predicted_memory_gib(row: Row, allocated_bytes: float, reserve: float = ALLO
     return allocated_bytes / GIB
 
 
-MODELLED_STACK = frozenset({"eager", "torch_compile", "float8", "triton_attention", "fused_elementwise"})
-"""The implementation-stack parts the prediction represents (`stack_hardware`); a row whose stack has another part
-(transformer_engine, cpu_offload, async_tp) stays out of scope, except a MEMORY_ONLY_STACK part (its memory only)."""
+MODELLED_STACK = frozenset({"eager", "torch_compile", "float8", "triton_attention", "fused_elementwise", "deepspeed"})
+"""The implementation-stack parts the prediction represents (`stack_hardware`, `stack_pricing`); a row whose stack
+has another part (transformer_engine, cpu_offload, async_tp) stays out of scope, except a MEMORY_ONLY_STACK part (its
+memory only). deepspeed: Hugging Face models under DeepSpeed ZeRO-3, whose kernels are eager PyTorch's (with
+flash-attn 2) and whose sharding is FSDP's full shard (fsdp: true, or fsdp_sp for ZeRO-3 + Ulysses): priced as such,
+with its own fitted constants (tspbench/predict/fit.py)."""
 
-MEMORY_ONLY_STACK = frozenset({"deepspeed", "megatron"})
-"""Stack parts whose peak memory the closed form represents but whose time it does not: DeepSpeed ZeRO-3 shards
-parameters, gradients and optimizer state as FSDP's full shard does (fsdp: true, or fsdp_sp for ZeRO-3 + Ulysses),
-and Megatron's tensor parallelism with sequence parallelism is tp_msp; their kernels, buckets and overlap are not
+MEMORY_ONLY_STACK = frozenset({"megatron"})
+"""Stack parts whose peak memory the closed form represents but whose time it does not: Megatron's tensor
+parallelism with sequence parallelism is tp_msp, but its kernels (TransformerEngine's, fused) and overlap are not
 those the per-stack fit prices. A row whose stack has such a part (and no other unmodelled one) may be in scope for
 its peak memory only: `load_rows` refuses it publishing a time quantity (TIME_QUANTITIES), so its time is
 never compared and it never enters the tokens/s fit (tspbench/predict/fit.py fits rows publishing
