@@ -219,3 +219,42 @@ def test_a_published_number_in_another_form_is_kept_and_not_compared(rows):
     assert "model_tflops_per_gpu" not in rec["error_pct"] and rec["quantity_out_of_scope"]["model_tflops_per_gpu"]
     long_rows = [r for r in rows if r.file.endswith("long_context.yaml")]
     assert all(r.stack for r in long_rows)  # the new file names every row's implementation
+
+
+def test_a_layer_sac_row_is_half_its_blocks_full_and_half_none(rows):
+    """torchtitan's per-layer SAC (every second block checkpointed): time per token the mean of the row under full
+    and under none, so tokens/s their harmonic mean; strictly between the two."""
+    from dataclasses import replace
+
+    row = next(r for r in rows if r.recompute == published.LAYER_SAC)
+    full, none = (published.predict(replace(row, recompute=r)) for r in ("full", "none"))
+    got = published.predict(row)
+    tps = 2 / (1 / full["tokens_per_s_per_gpu"] + 1 / none["tokens_per_s_per_gpu"])
+    assert got["tokens_per_s_per_gpu"] == pytest.approx(tps)
+    assert full["tokens_per_s_per_gpu"] < got["tokens_per_s_per_gpu"] < none["tokens_per_s_per_gpu"]
+    assert got["step_s"] == pytest.approx((full["step_s"] + none["step_s"]) / 2)
+
+
+def test_a_row_with_an_unknown_recompute_is_refused(tmp_path):
+    import yaml
+
+    raw = {
+        "id": "x",
+        "source": "s",
+        "subset": "calibration",
+        "hardware": "a100",
+        "gpus": 8,
+        "model": {"vocab_size": 1000, "dim": 256, "n_layers": 2, "n_heads": 4, "n_kv_heads": 4, "ffn_hidden": 512},
+        "layout": {"scheme": "single", "degree": 1, "fsdp": True},
+        "seq_len": 1024,
+        "micro_batch": 1,
+        "recompute": "every_other",
+        "precision": "bf16",
+        "measured": {"tokens_per_s_per_gpu": 100.0},
+    }
+    path = tmp_path / "rows.yaml"
+    path.write_text(yaml.safe_dump({"rows": [raw]}))
+    with pytest.raises(ValueError, match=r"row x: recompute='every_other'; allowed: .*layer_sac"):
+        published.load_rows([path])
+    path.write_text(yaml.safe_dump({"rows": [{**raw, "out_of_scope": "the source's policy"}]}))
+    assert published.load_rows([path])[0].out_of_scope  # an out-of-scope row keeps what its source said

@@ -20,10 +20,11 @@ from tspbench.config import GIB
 from tspbench.peers.cases import PeerCase
 from tspbench.predict.costmodel.hardware import shared_profile
 
-RECOMPUTE = {"none": "NONE", "selective": "SELECTIVE", "full": "FULL", "op_sac": "SELECTIVE"}
+RECOMPUTE = {"none": "NONE", "selective": "SELECTIVE", "full": "FULL", "op_sac": "SELECTIVE", "layer_sac": "SELECTIVE"}
 """Our recompute modes as llm-analysis's ActivationRecomputation. torchtitan's op-level SAC (op_sac: matmul outputs
 kept, the rest recomputed) has no equivalent there; its SELECTIVE (Korthikanti's core-attention recompute) is the
-nearest, and that mapping is part of the difference."""
+nearest (also for its per-layer SAC, layer_sac: every second block fully checkpointed), and that mapping is part of
+the difference."""
 
 
 def available() -> str | None:

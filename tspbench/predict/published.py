@@ -37,9 +37,10 @@ from typing import Any
 import yaml
 
 from tspbench.config import GIB, ModelConfig
-from tspbench.parallel import ParallelConfig
+from tspbench.parallel import RECOMPUTE, ParallelConfig
 from tspbench.paths import conf_dir
 from tspbench.predict.costmodel import Workload, cluster_throughput, flops_per_token, memory_breakdown
+from tspbench.predict.costmodel.activations import PUBLISHED_POLICIES
 from tspbench.predict.costmodel.hardware import HardwareProfile, shared_profile
 from tspbench.predict.costmodel.memory import ALLOCATOR_RESERVE, RUNTIME_HEADROOM, reserved_bytes
 from tspbench.predict.costmodel.workload import BYTES, PRICING, Pricing, Training
@@ -74,7 +75,7 @@ class Row:
     recompute: str
     """none, selective or full (the source's mode mapped onto ours; see notes), or a published framework's policy the
     cost model prices for published rows only (costmodel.activations.PUBLISHED_POLICIES: op_sac, torchtitan's
-    op-level selective activation checkpointing)."""
+    op-level selective activation checkpointing; LAYER_SAC, its per-layer one): ROW_RECOMPUTE."""
     precision: str
     """bf16 (in scope) or what the source used."""
     measured: dict[str, float]
@@ -114,6 +115,11 @@ class Row:
     """The file the row came from."""
 
 
+ROW_RECOMPUTE = (*RECOMPUTE, *PUBLISHED_POLICIES, "layer_sac")
+"""A row's `recompute`: ours (none, selective, full), torchtitan's op-level SAC (costmodel.activations), or its
+per-layer SAC (LAYER_SAC, priced here)."""
+
+
 def load_rows(paths: list[Path]) -> list[Row]:
     """Every row of the files, with model names resolved; a bad field raises one actionable ValueError."""
     rows: list[Row] = []
@@ -137,6 +143,10 @@ def load_rows(paths: list[Path]) -> list[Row]:
             if raw.get("flops", "palm") not in FLOPS_CONVENTIONS:
                 raise ValueError(
                     f"{path}: row {raw.get('id')}: flops={raw.get('flops')!r}; allowed: {FLOPS_CONVENTIONS}"
+                )
+            if not raw.get("out_of_scope") and "recompute" in raw and raw["recompute"] not in ROW_RECOMPUTE:
+                raise ValueError(
+                    f"{path}: row {raw.get('id')}: recompute={raw.get('recompute')!r}; allowed: {ROW_RECOMPUTE}"
                 )
             problem = training_problem(raw.get("training", {})) or stack_problem(raw)
             if problem:
@@ -281,6 +291,31 @@ def stack_pricing(row: Row) -> Pricing:
     return replace(PRICING, elementwise="compiled") if stack_parts(row) & FUSED_ELEMENTWISE else PRICING
 
 
+LAYER_SAC = "layer_sac"
+"""torchtitan's per-layer selective activation checkpointing with selective_ac_option "2" (`_apply_layer_sac`,
+torchtitan parallelize_llama.py @0413364 and activation_checkpoint.py later: every second block wrapped in a full
+checkpoint, the others saving everything). A published row's policy, priced by `predict` as half its blocks under
+recompute=full and half under none (`layer_sac_mean`)."""
+
+
+def layer_sac_mean(full: dict[str, float | None], none: dict[str, float | None]) -> dict[str, float | None]:
+    """A layer-SAC row's prediction from the same row under full and under none: time per token, step time and
+    exposed communication are the mean of the two (each block's replay is additive over blocks: exact while the
+    step's overlap does not bind, which the FSDP rows' 'ideal' rule keeps), tokens/s and MFU their inverses, memory
+    the mean of the two peaks (half the blocks keep their input only, half everything; the working set at the peak
+    is approximated by the mean, a stated approximation: no such row publishes memory today)."""
+    out: dict[str, float | None] = {}
+    for k in full:
+        a, b = full[k], none[k]
+        if a is None or b is None:
+            out[k] = None
+        elif k in ("tokens_per_s_per_gpu", "mfu_pct"):
+            out[k] = 2.0 / (1.0 / a + 1.0 / b)
+        else:
+            out[k] = (a + b) / 2.0
+    return out
+
+
 def predict(
     row: Row,
     hardware: Callable[[HardwareProfile], HardwareProfile] | None = None,
@@ -289,7 +324,11 @@ def predict(
     """The cost model's tokens/s per GPU, MFU (%) and peak memory (GiB, the memory the row publishes:
     `predicted_memory_gib`, with the allocator's `reserve`) for one row; `hardware` replaces constants of the row's
     profile (tspbench/predict/fit.py's fitted ones), None: the profile as it is. The memory is None when the row's
-    memory is out of scope (`Row.memory_out_of_scope`); it prices the model state with the row's `training`."""
+    memory is out of scope (`Row.memory_out_of_scope`); it prices the model state with the row's `training`. A
+    layer-SAC row (LAYER_SAC) is the mean of the row under full and under none (`layer_sac_mean`)."""
+    if row.recompute == LAYER_SAC:
+        full, none = (predict(replace(row, recompute=r), hardware, reserve) for r in ("full", "none"))
+        return layer_sac_mean(full, none)
     model = ModelConfig(**row.model)
     lay = {k: v for k, v in row.layout.items() if k not in ("fsdp", "overlap")}
     degree = int(lay.get("degree", 1))
