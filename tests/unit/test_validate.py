@@ -236,25 +236,10 @@ def test_a_layer_sac_row_is_half_its_blocks_full_and_half_none(rows):
 
 
 def test_a_row_with_an_unknown_recompute_is_refused(tmp_path):
-    import yaml
+    from published_rows import write_row
 
-    raw = {
-        "id": "x",
-        "source": "s",
-        "subset": "calibration",
-        "hardware": "a100",
-        "gpus": 8,
-        "model": {"vocab_size": 1000, "dim": 256, "n_layers": 2, "n_heads": 4, "n_kv_heads": 4, "ffn_hidden": 512},
-        "layout": {"scheme": "single", "degree": 1, "fsdp": True},
-        "seq_len": 1024,
-        "micro_batch": 1,
-        "recompute": "every_other",
-        "precision": "bf16",
-        "measured": {"tokens_per_s_per_gpu": 100.0},
-    }
-    path = tmp_path / "rows.yaml"
-    path.write_text(yaml.safe_dump({"rows": [raw]}))
+    path = write_row(tmp_path, recompute="every_other", measured={"tokens_per_s_per_gpu": 100.0})
     with pytest.raises(ValueError, match=r"row x: recompute='every_other'; allowed: .*layer_sac"):
         published.load_rows([path])
-    path.write_text(yaml.safe_dump({"rows": [{**raw, "out_of_scope": "the source's policy"}]}))
+    path = write_row(tmp_path, recompute="every_other", out_of_scope="the source's policy")
     assert published.load_rows([path])[0].out_of_scope  # an out-of-scope row keeps what its source said
