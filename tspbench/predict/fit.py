@@ -178,11 +178,9 @@ def fit(rows: Iterable[Row], stack: str = "eager", base: Fit | None = None) -> F
             key = max(sens, key=lambda k: sens[k])
             fitted = (key,)
             if key == "gemm_scale":
-                g, _ = _best(cal, COARSE, [a])
-                g, _ = _best(cal, _fine(g), [a])
+                g, _ = _best(cal, _fine(_best(cal, COARSE, [a])[0]), [a])
             else:
-                _, a = _best(cal, [g], COARSE)
-                _, a = _best(cal, [g], _fine(a))
+                _, a = _best(cal, [g], _fine(_best(cal, [g], COARSE)[1]))
     override = with_constants(g, a)
     err = lambda pred, r: 100.0 * (pred - r.measured[QUANTITY]) / r.measured[QUANTITY]  # noqa: E731
     return Fit(
@@ -212,11 +210,12 @@ def _errors(rows: list[Row], hw: Callable[[HardwareProfile], HardwareProfile] | 
     return [100.0 * (float(predict(r, hw)[QUANTITY] or 0.0) / r.measured[QUANTITY] - 1.0) for r in rows]
 
 
-def fit_summaries(rows: list[Row]) -> list[dict[str, Any]]:
+def fit_summaries(rows: list[Row], by_stack: dict[str, Fit | None] | None = None) -> list[dict[str, Any]]:
     """Per stack of the in-scope rows: the fit (None values: nothing fitted), and the validation rows' tokens/s
-    |error| (%) under the a-priori and the fitted constants (n, median and worst of each), for printing."""
+    |error| (%) under the a-priori and the fitted constants (n, median and worst of each), for printing. `by_stack`:
+    `fits(rows)`, when the caller has it already."""
     out: list[dict[str, Any]] = []
-    for stack, f in fits(rows).items():
+    for stack, f in (by_stack if by_stack is not None else fits(rows)).items():
         item: dict[str, Any] = {"stack": stack, "values": None, "validation": None}
         out.append(item)
         if f is None:
@@ -255,11 +254,12 @@ def fit_summaries(rows: list[Row]) -> list[dict[str, Any]]:
     return out
 
 
-def fitted_validation(rows: list[Row]) -> dict[str, Any] | None:
+def fitted_validation(rows: list[Row], by_stack: dict[str, Fit | None] | None = None) -> dict[str, Any] | None:
     """Every in-scope validation row publishing tokens/s, each under its own stack's fitted constants: the signed
     error per row and the |error| summary (n, median, worst; the same at S ≥ LONG_SEQ). A row whose stack has no fit
-    is predicted with the a-priori constants and listed under `unfitted`. None without such a row."""
-    by_stack = fits(rows)
+    is predicted with the a-priori constants and listed under `unfitted`. None without such a row. `by_stack`:
+    `fits(rows)`, when the caller has it already."""
+    by_stack = by_stack if by_stack is not None else fits(rows)
     held = [r for r in rows if r.subset == "validation" and not r.out_of_scope and QUANTITY in r.measured]
     if not held:
         return None

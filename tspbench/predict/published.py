@@ -115,7 +115,13 @@ class Row:
     """The file the row came from."""
 
 
-ROW_RECOMPUTE = (*RECOMPUTE, *PUBLISHED_POLICIES, "layer_sac")
+LAYER_SAC = "layer_sac"
+"""torchtitan's per-layer selective activation checkpointing with selective_ac_option "2" (`_apply_layer_sac`,
+torchtitan parallelize_llama.py @0413364 and activation_checkpoint.py later: every second block wrapped in a full
+checkpoint, the others saving everything). A published row's policy, priced by `predict` as half its blocks under
+recompute=full and half under none (`layer_sac_mean`)."""
+
+ROW_RECOMPUTE = (*RECOMPUTE, *PUBLISHED_POLICIES, LAYER_SAC)
 """A row's `recompute`: ours (none, selective, full), torchtitan's op-level SAC (costmodel.activations), or its
 per-layer SAC (LAYER_SAC, priced here)."""
 
@@ -289,13 +295,6 @@ def stack_pricing(row: Row) -> Pricing:
     """The time model's mechanisms as the row's stack runs them: a FUSED_ELEMENTWISE part prices the elementwise work
     fused (Pricing.elementwise = "compiled", costmodel/elementwise.py); every other stack runs it eagerly."""
     return replace(PRICING, elementwise="compiled") if stack_parts(row) & FUSED_ELEMENTWISE else PRICING
-
-
-LAYER_SAC = "layer_sac"
-"""torchtitan's per-layer selective activation checkpointing with selective_ac_option "2" (`_apply_layer_sac`,
-torchtitan parallelize_llama.py @0413364 and activation_checkpoint.py later: every second block wrapped in a full
-checkpoint, the others saving everything). A published row's policy, priced by `predict` as half its blocks under
-recompute=full and half under none (`layer_sac_mean`)."""
 
 
 def layer_sac_mean(full: dict[str, float | None], none: dict[str, float | None]) -> dict[str, float | None]:
