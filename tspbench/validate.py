@@ -50,7 +50,7 @@ def render(
                 lines.append(
                     f"{r['row_id']:34s} {r['subset']:11s} {name:21s} {pub * factor:10{fmt}}  not predicted: {why}"
                 )
-    lines.append("")
+    lines += ["", "a priori (the profiles' sourced constants, nothing fitted):"]
     for long, tail in ((False, ""), (True, f"  (rows at S ≥ {LONG_SEQ // 1024}K only)")):
         for subset, per_q in summary(records, long=long).items():
             for q, s in per_q.items():
@@ -59,6 +59,17 @@ def render(
                     f"{subset:11s} {name:21s} n={s['n']:<3d} median |error| {s['median_abs_pct']:5.1f}%  "
                     f"worst {s['worst_abs_pct']:5.1f}%{tail}"
                 )
+    if overall:
+        lines += ["under each stack's constants fitted on calibration rows only (details below):"]
+        lines.append(
+            f"{'validation':11s} {'tokens_per_s_per_gpu':21s} n={overall['n']:<3d} median |error| "
+            f"{overall['median']:5.1f}%  worst {overall['worst']:5.1f}%"
+        )
+        if overall["n_long"]:
+            lines.append(
+                f"{'validation':11s} {'tokens_per_s_per_gpu':21s} n={overall['n_long']:<3d} median |error| "
+                f"{overall['median_long']:5.1f}%  (rows at S ≥ {LONG_SEQ // 1024}K only)"
+            )
     lines += ["", "fit on calibration rows only (tspbench/predict/fit.py; the headline keeps the a-priori constants):"]
     for f in fits or []:
         if f["values"] is None:
@@ -72,7 +83,8 @@ def render(
         taken = f"; the others from stack {f['taken_from']}" if f["taken_from"] and len(f["fitted"]) < 2 else ""
         lines.append(
             f"  stack {f['stack']}: {vals} (× the profile's a-priori efficiency) from {len(f['rows'])} calibration "
-            f"rows (tokens/s, log least sq.; fitted on its own rows: {own}{taken})"
+            f"rows (throughput: tokens/s, else MFU, else iteration time; log least sq.; fitted on its own rows: "
+            f"{own}{taken})"
         )
         if f["at_bound"]:
             lines.append(
@@ -85,7 +97,7 @@ def render(
         if f["validation"]:
             v = f["validation"]
             lines.append(
-                f"  validation rows of stack {f['stack']} (n={v['n']}), tokens/s |error|: a priori median "
+                f"  validation rows of stack {f['stack']} (n={v['n']}), throughput |error|: a priori median "
                 f"{v['median_before']:.1f}% worst {v['worst_before']:.1f}%; fitted median {v['median_after']:.1f}% "
                 f"worst {v['worst_after']:.1f}%"
             )
@@ -108,6 +120,9 @@ def render(
             lines.append(
                 f"    {rid:42s} fitted {e:+7.1f}%" + (" (no fit: a priori)" if rid in overall["unfitted"] else "")
             )
+        for rid, (q, e) in overall["other_pct"].items():
+            name = PRINTED.get(q, (q,))[0]
+            lines.append(f"    {rid:42s} fitted {e:+7.1f}% ({name}; not in the tokens/s figures)")
         if overall["at_bound"]:
             lines.append(f"    stacks at the search's bound (no evidence): {', '.join(overall['at_bound'])}")
     if reserve is None:  # the allocator's reserve (tspbench/predict/fit.py fit_reserve)

@@ -7,18 +7,29 @@ from dataclasses import replace
 
 import pytest
 
-from tspbench.predict.fit import FITTED, QUANTITY, base_stack, calibration_rows, efficiencies, fit, fits
+from tspbench.predict.fit import (
+    FITTED,
+    QUANTITY,
+    THROUGHPUT,
+    base_stack,
+    calibration_rows,
+    efficiencies,
+    fit,
+    fit_quantity,
+    fits,
+)
 from tspbench.predict.published import default_files, load_rows
 
 ROWS = load_rows(default_files())
 
 
 def _scaled(rows, subset: str, factor: float):
-    """The rows with every in-scope `subset` row's published tokens/s scaled by `factor`."""
+    """The rows with every in-scope `subset` row's published throughputs (tokens/s, MFU, iteration time) scaled by
+    `factor`."""
     out = []
     for r in rows:
-        if r.subset == subset and not r.out_of_scope and QUANTITY in r.measured:
-            r = replace(r, measured={**r.measured, QUANTITY: r.measured[QUANTITY] * factor})
+        if r.subset == subset and not r.out_of_scope:
+            r = replace(r, measured={q: v * factor if q in THROUGHPUT else v for q, v in r.measured.items()})
         out.append(r)
     return out
 
@@ -37,7 +48,8 @@ def test_a_validation_row_never_moves_a_fitted_value_and_a_calibration_row_does(
     assert base["eager"] is not None and base["torch_compile+float8"] is not None
     assert fits(_scaled(ROWS, "validation", 3.0)) == base  # validation rows changed threefold: the same fits
     moved = fits(_scaled(ROWS, "calibration", 1.5))
-    for stack in ("eager", "eager+triton_attention", "torch_compile+float8"):  # non-vacuous: the inputs reach each fit
+    stacks = ("eager", "eager+triton_attention", "torch_compile+float8", "fused_elementwise", "deepspeed")
+    for stack in stacks:  # non-vacuous: the inputs reach each fit
         assert moved[stack] is not None and moved[stack].values != base[stack].values, stack  # type: ignore[union-attr]
 
 
@@ -169,3 +181,14 @@ def test_a_row_compares_the_memory_it_publishes():
     compiled = next(r for r in ROWS if r.id == "tt_h100_llama31_8b_fsdp_128gpu_compile")
     rec = record(compiled)
     assert "peak_mem_gib" not in rec["error_pct"] and "op-level SAC" in rec["quantity_out_of_scope"]["peak_mem_gib"]
+
+
+def test_rows_publishing_only_mfu_or_the_iteration_time_are_fitted_on_that_quantity():
+    """Megatron's rows (stack fused_elementwise) publish MFU or the iteration time, not tokens/s: the fit scores each on
+    the quantity it publishes, so the stack is fitted on its own three calibration rows."""
+    f = fits(ROWS)["fused_elementwise"]
+    assert f is not None and f.fitted == FITTED and f.taken_from == ""
+    ids = {r.id: r for r in ROWS}
+    assert {fit_quantity(ids[i]) for i in f.rows} == {"mfu_pct", "step_s"}
+    assert all(QUANTITY not in ids[i].measured for i in f.rows)
+    assert fit_quantity(ids["kt_a100_gpt22b_full"]) == "step_s"

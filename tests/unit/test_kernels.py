@@ -51,7 +51,8 @@ def test_wave_quantisation_lowers_efficiency_below_one_full_wave():
     assert attention_efficiency(128 * 64, 8192, 1, 128, "unmasked", "fwd", 1, hw) == pytest.approx(full * 64 / 304)
     assert attention_efficiency(128 * 305, 8192, 1, 128, "unmasked", "fwd", 1, hw) < full
     assert gemm_efficiency(128 * 16, 128 * 19, 4096, "bfloat16", hw) == pytest.approx(hw.matmul_efficiency)  # 304
-    assert gemm_efficiency(16384, 512, 4096, "bfloat16", hw) == pytest.approx(0.5 * 512 / 608)  # TSP's skinny Q
+    skinny = gemm_efficiency(16384, 512, 4096, "bfloat16", hw)  # TSP's skinny Q: 128 × 4 tiles of 608
+    assert skinny == pytest.approx(hw.matmul_efficiency * 512 / 608)
     cpu = load_hardware("cpu")  # no compute_units: no quantisation, the flat efficiency
     assert attention_efficiency(128, 128, 1, 128, "causal", "bwd", 1, cpu) == cpu.matmul_efficiency
 
@@ -75,14 +76,23 @@ def test_curves_reproduce_the_cited_points(name):
         assert 4 * 4 * 48 * 8192**2 * 128 / 2 / 4817.44e-6 / 1e12 == pytest.approx(684.7, abs=0.05)  # #1267 converted
 
 
-def test_profiles_without_published_curves_fall_back_to_matmul_efficiency():
+def test_profiles_without_published_curves_fall_back_to_their_flat_figures():
+    """No curve: an attention call takes the profile's flat attention figure for its direction (FlashAttention-2's
+    published fraction), else the GEMM ceiling; a GEMM the ceiling (matmul_efficiency), each at whole waves."""
     for name in ("h200", "a100"):
         hw = load_hardware(name)
         assert hw.compute_units and not hw.attention_fwd_points and not hw.gemm_points
+        assert hw.attention_forward_efficiency is not None and hw.attention_forward_efficiency < hw.matmul_efficiency
         many = 128 * hw.compute_units * 4  # whole waves: the flat figure
-        assert attention_efficiency(many, many, 1, 128, "causal", "fwd", 1, hw) == hw.matmul_efficiency
+        assert attention_efficiency(many, many, 1, 128, "causal", "fwd", 1, hw) == hw.attention_forward_efficiency
+        assert attention_efficiency(many, many, 1, 128, "causal", "bwd", 1, hw) == hw.attention_backward_efficiency
+        assert attention_efficiency(many, many, 1, 128, "causal", "fwd", 1, hw, "float32") == hw.matmul_efficiency
+        assert gemm_efficiency(many, 128 * hw.compute_units, 4096, "bfloat16", hw) == hw.matmul_efficiency
     h100 = load_hardware("h100")  # another head dim than the source's: no curve
-    assert attention_efficiency(128 * 132, 4096, 1, 64, "causal", "fwd", 1, h100) == h100.matmul_efficiency
+    assert attention_efficiency(128 * 132, 4096, 1, 64, "causal", "fwd", 1, h100) == h100.attention_forward_efficiency
+    mi300x = load_hardware("mi300x")  # no flat attention figure either: the GEMM ceiling
+    assert mi300x.attention_forward_efficiency is None
+    assert attention_efficiency(128 * 304, 4096, 1, 64, "causal", "fwd", 1, mi300x) == mi300x.matmul_efficiency
 
 
 @pytest.mark.parametrize("par", LAYOUTS, ids=lambda p: f"{p.scheme}-{p.degree}-{p.sp_variant}-{p.kv_bucket_heads}")

@@ -76,14 +76,16 @@ def headline_markdown() -> str:
     eager_fit = by_stack.get("eager")
     if eager_fit is not None:
         gs, at = eager_fit.values["gemm_scale"], eager_fit.values["attention_scale"]
-        g, a, _ = efficiencies(shared_profile(MAIN.hardware), gs, at)
-        eager = Scenario(g, a, 1.0, "schedule")
+        hw = shared_profile(MAIN.hardware)
+        g, a, _ = efficiencies(hw, gs, at)
+        eager = Scenario(gs, a, 1.0, "schedule")  # gemm: a factor on the profile's ceiling; attention: absolute
         t_side, b_side = sides_of(MAIN, tsp, base)
         r_eager = ratio_under(t_side, b_side, eager)
         sentence += (
-            f" The central figures use the profile's a-priori efficiencies (0.5 of peak for every kernel: no "
-            f"particular stack); with the eager-PyTorch constants fitted on calibration rows only (our own measured "
-            f"path's stack; tspbench/predict/fit.py: × {gs:.2f} and × {at:.2f} of the a-priori GEMM and attention "
+            f" The central figures use the profile's a-priori efficiencies (its measured GEMM ceiling, "
+            f"{hw.matmul_efficiency:.3g} of peak, for every kernel: no particular stack); with the eager-PyTorch "
+            f"constants fitted on calibration rows only (our own measured path's stack; tspbench/predict/fit.py: "
+            f"× {gs:.2f} and × {at:.2f} of the a-priori GEMM and attention "
             f"efficiencies, on the {MAIN.hardware} profile GEMM {g:.2f}, attention {a:.2f} of peak) the same "
             f"layouts give "
             f"TSP ÷ it = {r_eager:.2f}× ({verdict(Band(r_eager, r_eager, r_eager))} on that one scenario)."

@@ -10,8 +10,10 @@ PyTorch), two kernel-class multipliers of them:
 
 Multipliers, not absolute fractions, so that what the profiles source per device (FlashAttention-2 at 0.35 of the
 H100's peak and 0.6 of the A100's) survives a fit that spans devices. They are fitted on the in-scope
-**calibration** rows of the stack that publish tokens/s per GPU, by least squares on log(predicted ÷ published) (a grid
-of 0.1 from 0.1 to 1.9, then of 0.02 around the best point; deterministic, no solver; an efficiency is capped at 1.0):
+**calibration** rows of the stack that publish a throughput (tokens/s per GPU, else MFU, else the iteration time:
+`fit_quantity`; each moves with the fitted constants as tokens/s does, the iteration time inversely), by least squares
+on log(predicted ÷ published) (a grid of 0.1 from 0.1 to 1.9, then of 0.02 around the best point; deterministic, no
+solver; an efficiency is capped at 1.0):
 
 - a stack with two or more such rows fits both;
 - a stack built on another (`base_stack`: torch_compile and float8 run eager PyTorch's kernels, compile fusing the
@@ -45,7 +47,9 @@ FITTED = ("gemm_scale", "attention_scale")
 """The named constants a fit may set, per stack: multipliers of the profile's a-priori GEMM and attention
 efficiencies."""
 QUANTITY = "tokens_per_s_per_gpu"
-"""The published quantity fitted to."""
+"""The throughput the validation summary over every stack is stated in (`fitted_validation`)."""
+THROUGHPUT = (QUANTITY, "mfu_pct", "step_s")
+"""The published quantities a fit may use, in order of preference (`fit_quantity`)."""
 COARSE = [round(0.1 * i, 1) for i in range(1, 20)]
 """The first grid, 0.1 … 1.9."""
 DERIVED = frozenset({"torch_compile", "float8"})
@@ -64,14 +68,24 @@ def base_stack(stack: str) -> str:
     return "+".join(parts) or "eager"
 
 
+def fit_quantity(row: Row) -> str | None:
+    """The throughput a row is fitted and scored on: the first of THROUGHPUT it publishes (None: none)."""
+    return next((q for q in THROUGHPUT if q in row.measured), None)
+
+
 def calibration_rows(rows: Iterable[Row], stack: str) -> list[Row]:
-    """The rows a fit for `stack` may use: in scope, calibration subset, publishing tokens/s per GPU."""
+    """The rows a fit for `stack` may use: in scope, calibration subset, publishing a throughput (`fit_quantity`)."""
     rows = list(rows)
     return [
-        r
-        for r in rows
-        if r.subset == "calibration" and not r.out_of_scope and QUANTITY in r.measured and stack_of(r) == stack
+        r for r in rows if r.subset == "calibration" and not r.out_of_scope and fit_quantity(r) and stack_of(r) == stack
     ]
+
+
+def _signed_pct(row: Row, hw: Callable[[HardwareProfile], HardwareProfile] | None, q: str | None = None) -> float:
+    """Signed error (%) of the row's quantity `q` (default: its `fit_quantity`) predicted under the override `hw`."""
+    q = q or fit_quantity(row)
+    assert q is not None, row.id
+    return 100.0 * (float(predict(row, hw)[q] or 0.0) / row.measured[q] - 1.0)
 
 
 def efficiencies(hw: HardwareProfile, gemm_scale: float, attention_scale: float) -> tuple[float, float, float]:
@@ -99,8 +113,10 @@ def _loss(rows: list[Row], gemm: float, attention: float) -> float:
     override = with_constants(gemm, attention)
     out = 0.0
     for r in rows:
-        pred = predict(r, override)[QUANTITY]
-        out += math.log(pred / r.measured[QUANTITY]) ** 2 if pred else math.inf
+        q = fit_quantity(r)
+        assert q is not None, r.id
+        pred = predict(r, override)[q]
+        out += math.log(pred / r.measured[q]) ** 2 if pred else math.inf
     return out
 
 
@@ -125,9 +141,9 @@ class Fit:
     rows: tuple[str, ...]
     """The calibration rows used (ids)."""
     before_pct: dict[str, float]
-    """Row id → signed tokens/s error with the a-priori constants."""
+    """Row id → signed error of its `fit_quantity` with the a-priori constants."""
     residuals_pct: dict[str, float]
-    """Row id → signed tokens/s error with the fitted constants."""
+    """Row id → signed error of its `fit_quantity` with the fitted constants."""
     fitted: tuple[str, ...] = FITTED
     """The constants fitted on this stack's own rows; the others are the base stack's (`taken_from`)."""
     taken_from: str = ""
@@ -182,13 +198,12 @@ def fit(rows: Iterable[Row], stack: str = "eager", base: Fit | None = None) -> F
             else:
                 _, a = _best(cal, [g], _fine(_best(cal, [g], COARSE)[1]))
     override = with_constants(g, a)
-    err = lambda pred, r: 100.0 * (pred - r.measured[QUANTITY]) / r.measured[QUANTITY]  # noqa: E731
     return Fit(
         stack,
         {"gemm_scale": g, "attention_scale": a},
         tuple(r.id for r in cal),
-        {r.id: err(predict(r)[QUANTITY], r) for r in cal},
-        {r.id: err(predict(r, override)[QUANTITY], r) for r in cal},
+        {r.id: _signed_pct(r, None) for r in cal},
+        {r.id: _signed_pct(r, override) for r in cal},
         fitted,
         taken,
     )
@@ -206,14 +221,10 @@ def fits(rows: list[Row]) -> dict[str, Fit | None]:
     return {s: out[s] for s in stacks}
 
 
-def _errors(rows: list[Row], hw: Callable[[HardwareProfile], HardwareProfile] | None) -> list[float]:
-    return [100.0 * (float(predict(r, hw)[QUANTITY] or 0.0) / r.measured[QUANTITY] - 1.0) for r in rows]
-
-
 def fit_summaries(rows: list[Row], by_stack: dict[str, Fit | None] | None = None) -> list[dict[str, Any]]:
-    """Per stack of the in-scope rows: the fit (None values: nothing fitted), and the validation rows' tokens/s
-    |error| (%) under the a-priori and the fitted constants (n, median and worst of each), for printing. `by_stack`:
-    `fits(rows)`, when the caller has it already."""
+    """Per stack of the in-scope rows: the fit (None values: nothing fitted), and the validation rows' throughput
+    |error| (%, each row's `fit_quantity`) under the a-priori and the fitted constants (n, median and worst of each),
+    for printing. `by_stack`: `fits(rows)`, when the caller has it already."""
     out: list[dict[str, Any]] = []
     for stack, f in (by_stack if by_stack is not None else fits(rows)).items():
         item: dict[str, Any] = {"stack": stack, "values": None, "validation": None}
@@ -232,11 +243,11 @@ def fit_summaries(rows: list[Row], by_stack: dict[str, Fit | None] | None = None
         held = [
             r
             for r in rows
-            if r.subset == "validation" and not r.out_of_scope and stack_of(r) == stack and QUANTITY in r.measured
+            if r.subset == "validation" and not r.out_of_scope and stack_of(r) == stack and fit_quantity(r)
         ]
         if held:
-            before = [abs(e) for e in _errors(held, None)]
-            after = [abs(e) for e in _errors(held, f.override())]
+            before = [abs(_signed_pct(r, None)) for r in held]
+            after = [abs(_signed_pct(r, f.override())) for r in held]
             item["validation"] = {
                 "n": len(held),
                 "median_before": statistics.median(before),
@@ -257,23 +268,32 @@ def fit_summaries(rows: list[Row], by_stack: dict[str, Fit | None] | None = None
 def fitted_validation(rows: list[Row], by_stack: dict[str, Fit | None] | None = None) -> dict[str, Any] | None:
     """Every in-scope validation row publishing tokens/s, each under its own stack's fitted constants: the signed
     error per row and the |error| summary (n, median, worst; the same at S ≥ LONG_SEQ). A row whose stack has no fit
-    is predicted with the a-priori constants and listed under `unfitted`. None without such a row. `by_stack`:
-    `fits(rows)`, when the caller has it already."""
+    is predicted with the a-priori constants and listed under `unfitted`. Validation rows publishing only MFU or the
+    iteration time are scored apart (`other_pct`: id → (quantity, signed error)). None without a tokens/s row.
+    `by_stack`: `fits(rows)`, when the caller has it already."""
     by_stack = by_stack if by_stack is not None else fits(rows)
-    held = [r for r in rows if r.subset == "validation" and not r.out_of_scope and QUANTITY in r.measured]
+    scored = [r for r in rows if r.subset == "validation" and not r.out_of_scope and fit_quantity(r)]
+    held = [r for r in scored if fit_quantity(r) == QUANTITY]
     if not held:
         return None
     signed: dict[str, float] = {}
+    other: dict[str, tuple[str, float]] = {}
     unfitted: list[str] = []
-    for r in held:
+    for r in scored:
         f = by_stack.get(stack_of(r))
         if f is None:
             unfitted.append(r.id)
-        signed[r.id] = _errors([r], f.override() if f else None)[0]
+        q = fit_quantity(r)
+        e = _signed_pct(r, f.override() if f else None)
+        if q == QUANTITY:
+            signed[r.id] = e
+        else:
+            other[r.id] = (str(q), e)
     errs = [abs(v) for v in signed.values()]
     long = [abs(signed[r.id]) for r in held if r.seq_len >= LONG_SEQ]
     return {
         "per_row_pct": signed,
+        "other_pct": other,
         "n": len(errs),
         "median": statistics.median(errs),
         "worst": max(errs),

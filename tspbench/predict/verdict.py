@@ -63,23 +63,27 @@ class Range:
 
 RANGES: tuple[Range, ...] = (
     Range(
-        "GEMM efficiency",
-        0.40,
-        0.70,
-        source="fraction of the bf16 peak large GEMMs reach in a training step: the span of the stacks whose MFU "
-        "conf/published holds (eager PyTorch runs ≈ 0.33–0.58 MFU; Megatron with TransformerEngine ≈ 0.6), MFU "
-        "being a lower bound on the GEMMs' own efficiency; central: the profile's matmul_efficiency (0.5)",
+        "GEMM efficiency (× the profile's)",
+        0.80,
+        1.15,
+        central=1.0,
+        source="factor on the profile's matmul_efficiency, the best-shape GEMM ceiling measured with mamf-finder "
+        "(stas00/ml-engineering's MAMF table, conf/hardware): low, the calibration fits' lowest GEMM multipliers "
+        "(eager 0.90, eager+triton_attention 0.86 × the ceiling, python -m tspbench.validate) rounded down for a "
+        "step's smaller and power-capped GEMMs; high, the same table's spread between software releases on one device "
+        "(MI300X 60.1% with ROCm 6.2 vs 51.4% with ROCm 6.3: × 1.17) and the deepspeed fit (× 1.04); capped at 1",
     ),
     Range(
         "attention efficiency",
         0.15,
         0.75,
         source="fraction of the bf16 peak the attention kernel reaches in a training step: fitted on calibration "
-        "rows only (tspbench/predict/fit.py) 0.20–0.24 of H100's peak where attention dominates (Triton flash "
-        "attention at 32K, SDPA under context parallelism at 64K), ≈ 0.13 from eager rows at 4K–8K where attention "
-        "is a small share; FlashAttention-2 ≈ 35% of H100's peak, FlashAttention-3 up "
-        "to 75% in BF16 forward (Shah et al. 2024, arXiv:2407.08608, abstract); central: the GEMM efficiency (the "
-        "time model's default)",
+        "rows only (tspbench/predict/fit.py, each stack's attention multiplier × the profile's FlashAttention-2 "
+        "figure) ≈ 0.13 of H100's peak for eager SDPA (4K–8K rows, attention a small share), 0.20 for llm-foundry's "
+        "Triton kernel, 0.24 for SDPA under context parallelism at 64K, 0.47 of A100's for XTuner's DeepSpeed runs "
+        "at 32K–1M; FlashAttention-2 ≈ 35% of H100's peak, FlashAttention-3 up to 75% in BF16 forward (Shah et al. "
+        "2024, arXiv:2407.08608, abstract); central: the profile's attention efficiency (its GEMM ceiling where it "
+        "cites none)",
     ),
     Range(
         "link efficiency (× the profile's)",
@@ -115,7 +119,7 @@ class Scenario:
     """One shared set of assumptions: both sides of a ratio are priced under it."""
 
     gemm: float | None
-    """matmul_efficiency; None: the profile's."""
+    """Factor on the profile's matmul_efficiency (capped at 1); None: the profile's own."""
     attention: float | None
     """The attention kernel's efficiency (forward and backward); None: the GEMM efficiency."""
     link: float
@@ -127,7 +131,7 @@ class Scenario:
 
     def hardware(self, hw: HardwareProfile) -> HardwareProfile:
         """The profile under these assumptions."""
-        out = hw if self.gemm is None else replace(hw, matmul_efficiency=self.gemm)
+        out = hw if self.gemm is None else replace(hw, matmul_efficiency=min(1.0, hw.matmul_efficiency * self.gemm))
         if self.attention is not None:
             a = self.attention
             out = replace(out, attention_forward_efficiency=a, attention_backward_efficiency=a)

@@ -11,8 +11,10 @@ tiles of 128 × 128 for a GEMM; 128 queries × heads × batch for the flash forw
 backward (it parallelises over key blocks), against `compute_units` (CUs / SMs). Nothing is fitted.
 
 Where a profile has no published curve (no `compute_units`, no points for that mask or direction, another head dim
-than the source's, a non-16-bit dtype) the asymptote is the profile's `matmul_efficiency` (the flat assumption), still
-times the call's wave factor when `compute_units` is known. FLOP conventions are the sources' and
+than the source's, a non-16-bit dtype) the asymptote is the profile's flat figure: `attention_forward_efficiency` /
+`attention_backward_efficiency` for an attention call where the profile has them (16-bit), else `matmul_efficiency`
+(the measured best-shape GEMM ceiling, MAMF, conf/hardware), still times the call's wave factor when
+`compute_units` is known. FLOP conventions are the sources' and
 flops.py's: a causal block counts half its q·k pairs, a flash backward 2.5 forwards.
 
 Measured on the device replaces published (`measured_or`): when conf/hardware/<name>.shapes.jsonl holds the calls
@@ -113,12 +115,14 @@ def attention_efficiency(
 ) -> float:
     """Fraction of the peak one flash-attention call reaches (module docstring). mask: causal (a square causal
     block, the whole sequence), diagonal (a square causal block of a chunk against its own keys: priced as causal),
-    unmasked (a chunk against keys that all precede it); direction: fwd or bwd. The published curves are 16-bit:
-    another dtype takes matmul_efficiency."""
+    unmasked (a chunk against keys that all precede it); direction: fwd or bwd. Without a curve the asymptote is the
+    profile's flat attention figure for that direction (attention_*_efficiency), else matmul_efficiency. The
+    published curves and flat figures are 16-bit: another dtype takes matmul_efficiency."""
     if mask not in MASKS or direction not in DIRECTIONS:
         raise ValueError(f"mask={mask!r} / direction={direction!r}: allowed {MASKS} / {DIRECTIONS}")
     curve = attention_curve(hw, k_tokens, head_dim, mask, direction) if dtype in HALF else None
-    base = hw.matmul_efficiency if curve is None else curve
+    flat = hw.attention_forward_efficiency if direction == "fwd" else hw.attention_backward_efficiency
+    base = curve if curve is not None else (flat if flat is not None and dtype in HALF else hw.matmul_efficiency)
     rows = q_tokens if direction == "fwd" else k_tokens
     modelled = min(1.0, base * wave_factor(_attention_tiles(rows, heads, batch), hw))
     key = ("attention", q_tokens, k_tokens, heads, head_dim, mask, batch, direction)
