@@ -22,6 +22,8 @@ from tspbench.predict.fit import calibration_rows, fit, stack_of
 
 FILE = conf_dir() / "published" / "fine_tuning.yaml"
 OTHERS = [f for f in published.default_files() if f.name != FILE.name]
+OLDER = [f for f in OTHERS if f.name != "fms_acceleration.yaml"]
+"""The files written before `training` existed (fms_acceleration.yaml, later, uses it too)."""
 
 
 @pytest.fixture(scope="module")
@@ -145,7 +147,7 @@ KNOWN_ALLOCATED_GIB = {
 
 
 def test_the_other_files_predict_the_same_memory_as_before():
-    rows = published.load_rows(OTHERS)
+    rows = published.load_rows(OLDER)
     for row in rows:
         assert row.training == {}
     by = {r.id: r for r in rows}

@@ -19,6 +19,7 @@ from tspbench.peers import llm_analysis, zero
 from tspbench.peers.cases import PeerCase, all_cases
 from tspbench.predict.costmodel import Workload, cluster_throughput, memory_breakdown
 from tspbench.predict.costmodel.hardware import shared_profile
+from tspbench.predict.costmodel.workload import TRAINING, Training
 from tspbench.predict.published import predict
 
 KIND = "peer_estimate"
@@ -45,16 +46,19 @@ WHY = {
     "peak_mem_gib": "llm-analysis: Korthikanti activations, 2-matrix MLP weights; ours: the phase peak (one layer's "
     "backward working set, comm buffers, FSDP's gathered units)",
     "model_states_gib": "DeepSpeed ZeRO-3: 18 B/param (fp32 grads) + the largest module gathered at 4 B/param; ours "
-    "16 B/param (bf16 grads) + FSDP's unit; llm-analysis: no gate matrix",
+    "16 B/param (bf16 grads; a row's own `training`, e.g. 8 for pure bf16) + FSDP's unit; llm-analysis: no gate "
+    "matrix",
 }
 
 
 def model_states_gib(case: PeerCase) -> float | None:
-    """Params + grads + optimizer of our memory breakdown at its peak phase (GiB); None where the memory model
-    refuses the layout (e.g. a published-only recompute policy it prices for some layouts only)."""
+    """Params + grads + optimizer of our memory breakdown at its peak phase (GiB), with a published row's model state
+    (`Row.training`, e.g. pure bf16) as `predict` prices it; None where the memory model refuses the layout (e.g. a
+    published-only recompute policy it prices for some layouts only)."""
     work = Workload(case.model, case.seq_len, case.micro_batch, mode="train")
+    training = Training(**case.row.training) if case.row is not None else TRAINING
     try:
-        mem = memory_breakdown(case.mem_par, work)
+        mem = memory_breakdown(case.mem_par, work, training)
     except ValueError:
         return None
     return (mem["params"] + mem["grads"] + mem["optimizer"]) / GIB

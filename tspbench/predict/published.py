@@ -82,7 +82,9 @@ class Row:
     """Published numbers: tokens_per_s_per_gpu, mfu_pct, peak_mem_gib, step_s (iteration time of the whole job).
     A published number in another form (e.g. model_tflops_per_gpu, tokens_per_s_job, peak_mem_gb when the source
     prints GB) is kept under its own key, copied as published: it is recorded, never compared (the record says
-    so per quantity), never converted into one of the four."""
+    so per quantity), never converted into one of the four. The one exception is an exact unit (EXACT_UNITS:
+    peak_mem_bytes), which `load_rows` turns into its quantity by arithmetic alone, keeping the printed number in
+    `published_as`."""
     flops: str = "palm"
     """FLOPs convention of the published MFU: palm (6N + 12·L·h·S per token) or megatron_eq3 (Narayanan et al.
     2021, Eq. 3: the blocks' GEMMs ×4, recompute forward included, + the LM head's 6·V·h)."""
@@ -111,8 +113,17 @@ class Row:
     torchtune's `dtype: bf16`; grad_dtype: float32 for fp32 gradients, as Megatron keeps its main grads in bf16
     runs). Only the memory prediction takes it. Optional: {} (the default, and every row written before the field
     existed) is Training(): AdamW with fp32 master weights and moments, gradients in the run's bf16."""
+    published_as: dict[str, str] = field(default_factory=dict)
+    """Quantity → the number as the file gives it, where `load_rows` changed an exact unit (EXACT_UNITS), e.g.
+    {"peak_mem_gib": "peak_mem_bytes: 72434837504"}. Set by the loader, not written in files."""
     file: str = field(default="", repr=False)
     """The file the row came from."""
+
+
+EXACT_UNITS: dict[str, tuple[str, float]] = {"peak_mem_bytes": ("peak_mem_gib", 1.0 / GIB)}
+"""A published key in an exact unit of a compared quantity → (the quantity, the factor). Bytes name their unit without
+doubt (torch.cuda.max_memory_allocated returns bytes), so ÷ 2³⁰ is arithmetic, not a reading of the source. "GB" is
+not exact (publishers print it for GiB and for 10⁹ bytes alike): peak_mem_gb stays recorded and uncompared."""
 
 
 LAYER_SAC = "layer_sac"
@@ -141,6 +152,9 @@ def load_rows(paths: list[Path]) -> list[Row]:
                 raw["model"] = dict(models[name], name=name)
             if raw.get("subset") not in SUBSETS:
                 raise ValueError(f"{path}: row {raw.get('id')}: subset={raw.get('subset')!r}; allowed: {SUBSETS}")
+            problem = exact_units(raw)
+            if problem:
+                raise ValueError(f"{path}: row {raw.get('id')}: {problem}")
             publishes_memory = any(k.startswith("peak_mem") for k in raw.get("measured", {}))
             if publishes_memory and raw.get("memory_kind") not in MEMORY_KINDS:  # unstated or free text (older files)
                 said = raw.get("memory_kind")
@@ -162,6 +176,26 @@ def load_rows(paths: list[Path]) -> list[Row]:
             except TypeError as e:
                 raise ValueError(f"{path}: row {raw.get('id')}: {e}") from None
     return rows
+
+
+def exact_units(raw: dict[str, Any]) -> str:
+    """Turn the row's numbers in an exact unit (EXACT_UNITS) into their quantity, in place, keeping each as printed in
+    `published_as`; what is wrong ("" when nothing): a row giving both forms, or a form set by hand."""
+    if "published_as" in raw:
+        return "published_as is set by the loader from EXACT_UNITS keys, not written in files"
+    measured = dict(raw.get("measured") or {})
+    done: dict[str, str] = {}
+    for key, (quantity, factor) in EXACT_UNITS.items():
+        if key not in measured:
+            continue
+        if quantity in measured:
+            return f"measured gives both {key} and {quantity}: keep the one the source prints"
+        value = measured.pop(key)
+        measured[quantity] = float(value) * factor
+        done[quantity] = f"{key}: {value}"
+    if done:
+        raw["measured"], raw["published_as"] = measured, done
+    return ""
 
 
 TRAINING_FIELDS = ("optimizer", "master_fp32", "grad_dtype")
@@ -371,6 +405,7 @@ def record(row: Row) -> dict[str, Any]:
         "status": "out_of_scope" if row.out_of_scope else "ok",
         "out_of_scope": row.out_of_scope,
         "published": dict(row.measured),
+        "published_as": dict(row.published_as),
         "predicted": {},
         "error_pct": {},
         "quantity_out_of_scope": {},
