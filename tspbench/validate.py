@@ -18,7 +18,7 @@ from typing import Any
 from tspbench import cli
 from tspbench.config import GIB_TO_GB, ConfigError
 from tspbench.predict.costmodel.memory import ALLOCATOR_RESERVE
-from tspbench.predict.fit import ReserveFit, fit_reserve, fit_summaries, fits, fitted_validation
+from tspbench.predict.fit import ReserveFit, annotate_fitted, fit_reserve, fit_summaries, fits, fitted_validation
 from tspbench.predict.published import LONG_SEQ, default_files, load_rows, record, summary
 from tspbench.record.store import write_records
 
@@ -182,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tspbench.validate: {e}", file=sys.stderr)
         return 2
     by_stack = fits(rows)  # once: the summaries and the every-stack errors share it
+    annotate_fitted(records, rows, by_stack)
     print(render(records, fit_summaries(rows, by_stack), fit_reserve(rows), fitted_validation(rows, by_stack)))
     out = Path(vc.out)
     written = write_records(out, records, kind="validation")  # atomic, each record guarded (record/kinds.py)

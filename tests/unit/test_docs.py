@@ -68,7 +68,7 @@ PATH = re.compile(
 MODULE = re.compile(r"(?<![\w./])(tspbench(?:\.\w+)+)")
 DOC_ANCHOR = re.compile(r"docs/(\w[\w-]*)\.md#([\w-]+)")
 ISSUE = re.compile(r"\bissue \d+|\bissues? #\d+", re.IGNORECASE)
-EXTERNAL = re.compile(r"github\.com/|torchtitan|llm-foundry|Megatron-LM|DeepSpeed")
+EXTERNAL = re.compile(r"github\.com/|torchtitan|llm-foundry|Megatron-LM|DeepSpeed|fms-acceleration")
 """A line that names another project cites that project's paths (torchtitan's docs/performance.md): a path missing
 here is theirs."""
 

@@ -62,3 +62,22 @@ def test_the_last_record_of_a_row_wins(recs):
     html = str(trust_section([*recs, dict(first, source="a later run of the same row")]))
     rows = 1 if first["status"] == "out_of_scope" else len(first["published"])
     assert html.count(f"<td>{first['row_id']}</td>") == rows and "a later run of the same row" in html
+
+
+def test_the_fitted_table_shows_each_row_under_its_stacks_calibration_fit(recs):
+    """validate writes each in-scope row's error under its stack's fit (`fitted_error_pct`); the section summarises
+    them beside the a-priori errors, and its validation tokens/s line is fitted_validation's."""
+    from tspbench.predict.fit import fitted_validation
+    from tspbench.predict.published import default_files, load_rows
+
+    html = str(trust_section(recs))
+    assert 'id="trust-summary"' in html and 'id="trust-fitted"' in html
+    overall = fitted_validation(load_rows(default_files()))
+    assert overall is not None
+    fitted = html.split('id="trust-fitted"')[1].split("</table>")[0]
+    line = f"<td>validation</td><td>tokens/s per GPU</td><td>{overall['n']}</td><td>{overall['median']:.1f}%</td>"
+    assert line + f"<td>{overall['worst']:.1f}%</td>" in fitted
+    by_id = {r["row_id"]: r for r in recs}
+    for rid, e in overall["per_row_pct"].items():
+        assert by_id[rid]["fitted_error_pct"] == {"tokens_per_s_per_gpu": e}
+    assert all("fitted_error_pct" not in r for r in recs if r["status"] == "out_of_scope")

@@ -265,6 +265,29 @@ def fit_summaries(rows: list[Row], by_stack: dict[str, Fit | None] | None = None
     return out
 
 
+def fitted_error(row: Row, by_stack: dict[str, Fit | None]) -> tuple[str, float]:
+    """The row's `fit_quantity` and its signed error (%) under its stack's fitted constants (a priori where the stack
+    has no fit): for a calibration row its fit residual, for a validation row its held-out error."""
+    q = fit_quantity(row)
+    assert q is not None and not row.out_of_scope, row.id
+    f = by_stack.get(stack_of(row))
+    return q, _signed_pct(row, f.override() if f else None)
+
+
+def annotate_fitted(records: list[dict[str, Any]], rows: list[Row], by_stack: dict[str, Fit | None]) -> None:
+    """Add to each in-scope record whose stack has a fit its `fit_stack` and `fitted_error_pct` (its throughput
+    quantity's signed error under the stack's calibration fit: a residual for a calibration row, a held-out error for
+    a validation row; docs/records.md#validation-records), in place."""
+    by_id = {r.id: r for r in rows}
+    for rec in records:
+        row = by_id[rec["row_id"]]
+        stack = stack_of(row)
+        if row.out_of_scope or by_stack.get(stack) is None or fit_quantity(row) is None:
+            continue
+        q, e = fitted_error(row, by_stack)
+        rec["fit_stack"], rec["fitted_error_pct"] = stack, {q: e}
+
+
 def fitted_validation(rows: list[Row], by_stack: dict[str, Fit | None] | None = None) -> dict[str, Any] | None:
     """Every in-scope validation row publishing tokens/s, each under its own stack's fitted constants: the signed
     error per row and the |error| summary (n, median, worst; the same at S ≥ LONG_SEQ). A row whose stack has no fit
@@ -273,24 +296,19 @@ def fitted_validation(rows: list[Row], by_stack: dict[str, Fit | None] | None = 
     `by_stack`: `fits(rows)`, when the caller has it already."""
     by_stack = by_stack if by_stack is not None else fits(rows)
     scored = [r for r in rows if r.subset == "validation" and not r.out_of_scope and fit_quantity(r)]
-    held = [r for r in scored if fit_quantity(r) == QUANTITY]
-    if not held:
+    if not any(fit_quantity(r) == QUANTITY for r in scored):
         return None
     signed: dict[str, float] = {}
     other: dict[str, tuple[str, float]] = {}
-    unfitted: list[str] = []
+    unfitted = [r.id for r in scored if by_stack.get(stack_of(r)) is None]
     for r in scored:
-        f = by_stack.get(stack_of(r))
-        if f is None:
-            unfitted.append(r.id)
-        q = fit_quantity(r)
-        e = _signed_pct(r, f.override() if f else None)
+        q, e = fitted_error(r, by_stack)
         if q == QUANTITY:
             signed[r.id] = e
         else:
-            other[r.id] = (str(q), e)
+            other[r.id] = (q, e)
     errs = [abs(v) for v in signed.values()]
-    long = [abs(signed[r.id]) for r in held if r.seq_len >= LONG_SEQ]
+    long = [abs(signed[r.id]) for r in scored if r.id in signed and r.seq_len >= LONG_SEQ]
     return {
         "per_row_pct": signed,
         "other_pct": other,
