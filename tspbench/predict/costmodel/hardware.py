@@ -49,7 +49,9 @@ class HardwareProfile:
     """Per-step latency α across nodes (assumption; see the yaml)."""
     gpus_per_node: int = 8
     matmul_efficiency: float = 0.5
-    """Fraction of peak reached by the GEMMs: an assumption, not fitted to any measurement."""
+    """Fraction of peak reached by the GEMMs: the device's published best-shape GEMM throughput ÷ its peak (the MAMF
+    ceiling each conf/hardware profile cites, docs/method.md#gemm-ceiling); the default 0.5 is an assumption for a
+    profile that cites none (cpu). Never fitted here (tspbench/predict/fit.py scales it per stack, apart)."""
     comm_efficiency: float = 0.65
     """Fraction of link bandwidth reached by collectives (Calculon's A100 profile uses 0.65)."""
     intra_node_p2p_bw: float | None = None
