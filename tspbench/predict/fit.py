@@ -81,9 +81,9 @@ def calibration_rows(rows: Iterable[Row], stack: str) -> list[Row]:
     ]
 
 
-def _signed_pct(row: Row, hw: Callable[[HardwareProfile], HardwareProfile] | None, q: str | None = None) -> float:
-    """Signed error (%) of the row's quantity `q` (default: its `fit_quantity`) predicted under the override `hw`."""
-    q = q or fit_quantity(row)
+def _signed_pct(row: Row, hw: Callable[[HardwareProfile], HardwareProfile] | None) -> float:
+    """Signed error (%) of the row's `fit_quantity` predicted under the override `hw`."""
+    q = fit_quantity(row)
     assert q is not None, row.id
     return 100.0 * (float(predict(row, hw)[q] or 0.0) / row.measured[q] - 1.0)
 
