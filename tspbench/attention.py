@@ -65,7 +65,11 @@ def attention_lse_backward(
     state: tuple,
     causal: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dq, dk, dv of one block given the (possibly merged) output and log-sum-exp of the whole row."""
+    """dq, dk, dv of one block given the (possibly merged) output and log-sum-exp of the whole row.
+    `lse`, `o` and `do` may be head or chunk slices of the whole row's: the CUDA flash backward reads the
+    log-sum-exp as a contiguous [B, H, L_q] (PyTorch makes only `out` and `grad_out` contiguous), so all three are
+    made contiguous here (a no-op when they already are; docs/method.md#gpu-review, finding 2)."""
+    do, o, lse = do.contiguous(), o.contiguous(), lse.contiguous()
     family = kernel_family(q)
     if family == "cpu":
         return aten._scaled_dot_product_flash_attention_for_cpu_backward(do, q, k, v, o, lse, 0.0, causal)

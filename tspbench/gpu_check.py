@@ -33,8 +33,10 @@ class GpuCheckConfig:
     """Instead of memory: time each distinct kernel call (attention forward/backward, GEMMs) of the headline's
     layouts at llama7b 128K, 8 GPUs (TSP with one and with per-bucket K/V gathers, TP+Megatron-SP, SP Ulysses and
     ring) and print the measured efficiency beside the kernel-shape model's, one JSON line per call (needs CUDA)."""
-    hardware: str = "h200"
-    """Hardware profile (conf/hardware/NAME.yaml) whose bf16 peak the efficiencies divide; names the file."""
+    hardware: str = "auto"
+    """Hardware profile (conf/hardware/NAME.yaml) whose bf16 peak the efficiencies divide; names the file. auto:
+    the profile whose device_names match torch.cuda.get_device_name() (refused when none does); an explicit
+    profile that does not name the device is refused too, so one part's timings are never filed as another's."""
     calibration_out: str = "."
     """Directory for NAME.calibration.json (commit it beside conf/hardware/NAME.yaml to make the time model use
     it)."""
@@ -42,9 +44,29 @@ class GpuCheckConfig:
 
 EXAMPLES = [
     "python -m tspbench.gpu_check                                  # memory: real allocator vs estimate vs model",
-    "python -m tspbench.gpu_check time=true hardware=h200 calibration_out=results/",
-    "python -m tspbench.gpu_check shapes=true hardware=h200     # each kernel call's shape: measured vs modelled",
+    "python -m tspbench.gpu_check time=true calibration_out=results/   # profile named by the device (auto)",
+    "python -m tspbench.gpu_check shapes=true                   # each kernel call's shape: measured vs modelled",
 ]
+
+
+def device_profile(hardware: str, device_name: str) -> str:
+    """The profile that names this device: `auto` resolves through the profiles' device_names; an explicit name
+    must be the one that matches (ConfigError naming both otherwise)."""
+    from tspbench.measure.flops import match_profile
+
+    entry = match_profile(device_name)
+    found = entry.profile if entry is not None else None
+    if hardware == "auto":
+        if found is None:
+            raise ConfigError(
+                f"hardware=auto: device {device_name!r} matches no conf/hardware/*.yaml device_names; "
+                "add a profile for it or name one with hardware=NAME"
+            )
+        return found
+    if found != hardware:
+        allowed = f"auto or {found}" if found else "a profile whose device_names match it (none does)"
+        raise ConfigError(f"hardware={hardware!r} does not name this device ({device_name!r}); allowed: {allowed}")
+    return hardware
 
 
 def write_calibration(path: Path, calib: dict) -> dict:
@@ -75,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
                 "events); "
                 f"device={device} and torch.cuda.is_available()={torch.cuda.is_available()}"
             )
+        if gc.time or gc.shapes:
+            gc.hardware = device_profile(gc.hardware, torch.cuda.get_device_name())
         if gc.time:
             from tspbench.predict.costmodel import load_hardware
 

@@ -13,7 +13,8 @@ from unittest import mock
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _commands(tmp_path: Path) -> list[list[str]]:
+def _steps(tmp_path: Path) -> list[tuple[int, int, list[str]]]:
+    """(time limit s, GPUs needed, argv) of each step the dry run lists."""
     r = subprocess.run(
         ["bash", str(ROOT / "scripts/device_check.sh"), "--dry-run", str(tmp_path)],
         cwd=ROOT,
@@ -24,20 +25,45 @@ def _commands(tmp_path: Path) -> list[list[str]]:
     assert r.returncode == 0, r.stderr
     lines = (tmp_path / "commands.txt").read_text().splitlines()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["commands.txt"]  # a dry run runs nothing
-    return [shlex.split(line) for line in lines]
+    heads, cmds = lines[0::2], lines[1::2]
+    limits = [int(h.split("limit ")[1].split("s")[0]) for h in heads]
+    gpus = [int(h.split("needs ")[1].split(" ")[0]) for h in heads]
+    return [(t, g, shlex.split(c)) for t, g, c in zip(limits, gpus, cmds)]
+
+
+def _commands(tmp_path: Path) -> list[list[str]]:
+    return [c for _, _, c in _steps(tmp_path)]
 
 
 def test_dry_run_lists_gpu_tests_memory_check_and_smoke(tmp_path):
     cmds = _commands(tmp_path)
     mods = [c[c.index("-m") + 1] for c in cmds]
-    assert mods == ["pytest", "tspbench.gpu_check", "tspbench.gpu_check", "tspbench.gpu_check", "tspbench"]
-    assert "time=true" in cmds[2] and f"calibration_out={tmp_path}" in cmds[2]
+    assert mods == [
+        "pytest",
+        "tspbench.gpu_check",
+        "tspbench.gpu_check",
+        "tspbench.gpu_check",
+        "tspbench",
+        "pytest",
+        "tspbench",
+    ]
+    assert "time=true" in cmds[2] and f"calibration_out={tmp_path}/logs" in cmds[2]
     assert "shapes=true" in cmds[3]
-    pytest_args = cmds[0][cmds[0].index("-m", 3) :]
-    assert pytest_args[:2] == ["-m", "gpu"] and all((ROOT / p).exists() for p in pytest_args[2:])
+    assert all("hardware=auto" in c for c in cmds[2:4])  # the device names its profile, never a fixed one
+    for c in (cmds[0], cmds[5]):
+        pytest_args = c[c.index("-m", 3) :]
+        assert pytest_args[:2] == ["-m", "gpu"] and all((ROOT / p).exists() for p in pytest_args[2:])
     assert any("pytest.mark.gpu" in f.read_text() for f in (ROOT / "tests/gpu").glob("test_*.py"))
     # everything the run writes goes under OUTDIR
-    assert any(a == f"hydra.run.dir={tmp_path}/run" for a in cmds[4])
+    assert any(a == f"hydra.run.dir={tmp_path}/logs/run" for a in cmds[4])
+
+
+def test_step_limits_fit_a_short_loan_and_nccl_steps_need_two_gpus(tmp_path):
+    steps = _steps(tmp_path)
+    assert sum(t for t, _, _ in steps) <= 360  # rerunnable inside a 15-minute loan, start-up included
+    nccl = [c for _, g, c in steps if g >= 2]
+    assert len(nccl) == 2 and "tests/gpu/test_nccl_bf16.py" in nccl[0]
+    assert any(a.startswith("batches=") for a in nccl[1]) and "modes=[train,decode]" in nccl[1]
 
 
 def test_gpu_check_options_parse(tmp_path, capsys):

@@ -294,7 +294,7 @@ def prefill(pm, tok: torch.Tensor, pos: torch.Tensor, device: torch.device, new_
         logits = pm(tok, pos)
         timing.sync(device)
         prefill_ms = (time.perf_counter() - t0) * 1e3
-        first = logits[:, at : at + 1] if at is not None else torch.zeros_like(logits[:, :1])
+        first = logits[:, at : at + 1].contiguous() if at is not None else logits.new_zeros(logits[:, :1].shape)
         if pm.seq is not None:
             dist.all_reduce(first, group=pm.seq.group)  # one rank holds position S − 1, the others add zeros
         pm.full_decode_logits(first).argmax(-1)
