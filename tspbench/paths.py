@@ -38,11 +38,6 @@ def package_search_root() -> Path:
     return PACKAGE_DIR.parent
 
 
-def results_dir() -> Path:
-    """Default results folder: ./results under the current working directory."""
-    return Path.cwd() / "results"
-
-
 def reports_dir() -> Path:
     """Default reports folder: ./reports under the current working directory."""
     return Path.cwd() / "reports"

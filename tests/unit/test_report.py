@@ -16,8 +16,9 @@ import pandas as pd
 import pytest
 import report_fixtures as rf
 
+from tspbench.record import schema
 from tspbench.report import build_report
-from tspbench.report import frame as build  # the constants the report prints (CPU_NOTE, NOT_REPRODUCED)
+from tspbench.report import frame as build  # the constants the report prints (NOT_REPRODUCED)
 from tspbench.report.figures import FIGURES
 
 # one worker runs this module: its module-scoped fixture (a spawned rank group / a build) then runs once, not per worker
@@ -150,7 +151,7 @@ def test_labels_and_cpu_caveat(report):
     text = report[1]
     # the one label per layout (tspbench.parallel) and the legend that spells out the paper's "SP"
     assert "SP Σ=" in text and "TP+Megatron-SP T=" in text and "token sharding (context parallelism)" in text
-    assert build.CPU_NOTE in text
+    assert schema.CPU_NOTE in text
 
 
 def test_figures_inline_and_no_external_urls(report):

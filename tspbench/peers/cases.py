@@ -71,7 +71,7 @@ def from_row(row: Row) -> PeerCase:
         tp=tp,
         megatron_sp=scheme == "tp_msp",
         zero3_over=(mem_par.dp_shard or 1) * mem_par.degree if sharded else 0,
-        context_parallel=degree // tp if scheme in ("sp", "tp_sp", "fsdp_sp") else 1,
+        context_parallel=par.sp_degree if par.spec.exchange else 1,  # the registry: a K/V-exchanging token axis
         published={q: v for q, v in row.measured.items() if q in QUANTITIES},
         row=row,
     )

@@ -19,7 +19,6 @@ What an experiment writes from it (fit and crossover records) is tspbench/predic
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -53,42 +52,25 @@ TERM_NAMES = {
     "kv_cache": "KV cache",
 }
 
-# Model families: public architecture configs (Hugging Face config.json of each checkpoint), not benchmark numbers.
-
-
-def _llama2(name: str, dim: int, layers: int, heads: int, kv: int, ffn: int) -> ModelConfig:
-    return ModelConfig(name, 32000, dim, layers, heads, kv, ffn, rope_theta=10000.0)
-
-
-def _llama3(name: str, dim: int, layers: int, heads: int, kv: int, ffn: int) -> ModelConfig:
-    return ModelConfig(name, 128256, dim, layers, heads, kv, ffn, rope_theta=500000.0)
-
-
-FAMILIES: dict[str, tuple[ModelConfig, ...]] = {
-    "llama2": (
-        _llama2("llama2_7b", 4096, 32, 32, 32, 11008),
-        _llama2("llama2_13b", 5120, 40, 40, 40, 13824),
-        _llama2("llama2_70b", 8192, 80, 64, 8, 28672),
-    ),
-    "llama3": (
-        _llama3("llama3_8b", 4096, 32, 32, 8, 14336),
-        _llama3("llama3_70b", 8192, 80, 64, 8, 28672),
-        _llama3("llama3_405b", 16384, 126, 128, 8, 53248),
-    ),
-}
-"""Families for the largest-model question (`family=`); "presets" is conf/model's presets, smallest first."""
-
 
 def family(name: str) -> tuple[ModelConfig, ...]:
-    """A family's models, smallest first (one-line ConfigError naming the allowed families)."""
-    if name == "presets":
-        from tspbench.paths import conf_dir
+    """A family's models, smallest first: conf/model/hf/families.yaml's list of Hugging Face config.json files, or
+    "presets" (conf/model's presets). One-line ConfigError naming the allowed families."""
+    import json
 
+    import yaml
+
+    from tspbench.hf.convert import model_config_from_hf
+    from tspbench.paths import conf_dir
+
+    if name == "presets":
         models = [model_preset(p.stem) for p in (conf_dir() / "model").glob("*.yaml")]
         return tuple(sorted(models, key=_param_count))
-    if name not in FAMILIES:
-        raise ConfigError(f"family={name!r} is unknown; allowed: {', '.join([*FAMILIES, 'presets'])}")
-    return FAMILIES[name]
+    hf = conf_dir() / "model" / "hf"
+    families: dict[str, list[str]] = yaml.safe_load((hf / "families.yaml").read_text())
+    if name not in families:
+        raise ConfigError(f"family={name!r} is unknown; allowed: {', '.join([*families, 'presets'])}")
+    return tuple(model_config_from_hf(json.loads((hf / f"{s}.json").read_text()), name=s) for s in families[name])
 
 
 def _param_count(m: ModelConfig) -> float:
@@ -345,9 +327,3 @@ def fit_table(
             )
         lines.append(f"{par.label():44s} {cells}  {why}")
     return lines
-
-
-def timed_fit(req: FitRequest, pars: list[ParallelConfig]) -> tuple[list[Fit], float]:
-    t0 = time.perf_counter()
-    fits = fit_cluster(req, pars)
-    return fits, time.perf_counter() - t0

@@ -249,13 +249,6 @@ def predicted_memory_gib(row: Row, allocated_bytes: float, reserve: float = ALLO
     return allocated_bytes / GIB
 
 
-MODELLED_STACK = frozenset({"eager", "torch_compile", "float8", "triton_attention", "fused_elementwise", "deepspeed"})
-"""The implementation-stack parts the prediction represents (`stack_hardware`, `stack_pricing`); a row whose stack
-has another part (transformer_engine, cpu_offload, async_tp) stays out of scope, except a MEMORY_ONLY_STACK part (its
-memory only). deepspeed: Hugging Face models under DeepSpeed ZeRO-3, whose kernels are eager PyTorch's (with
-flash-attn 2) and whose sharding is FSDP's full shard (fsdp: true, or fsdp_sp for ZeRO-3 + Ulysses): priced as such,
-with its own fitted constants (tspbench/predict/fit.py)."""
-
 MEMORY_ONLY_STACK = frozenset({"megatron"})
 """Stack parts whose peak memory the closed form represents but whose time it does not: Megatron's tensor
 parallelism with sequence parallelism is tp_msp, but its kernels (TransformerEngine's, fused) and overlap are not

@@ -11,7 +11,6 @@ from tspbench.parallel import layout_fields
 from tspbench.record.spec import RunSpec
 
 STATUSES = ("ok", "oom", "failed", "timeout", "invalid", "implausible")  # implausible: record/guards.py
-METHODS = ("measured", "estimated", "modelled")
 CPU_NOTE = "CPU (gloo): checks the machinery, not GPU performance"
 
 

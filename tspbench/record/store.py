@@ -198,12 +198,6 @@ def jsonl_files(paths: Iterable[str | os.PathLike]) -> list[Path]:
     return out
 
 
-def bad_lines(path: Path) -> list[tuple[int, bool]]:
-    """(1-based line number, is it the file's last non-empty line) of every line that is not a JSON object
-    (`read_all` skips them: a torn last line is a crash mid-write, anything else a damaged file)."""
-    return read_file(path)[1]
-
-
 def load(*paths: str | os.PathLike):
     """Records from JSONL files/directories as a pandas DataFrame; `metrics.*` flattened to columns."""
     import pandas as pd

@@ -27,10 +27,11 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 from tspbench.parallel import SCHEME_REGISTRY
 from tspbench.paths import reports_dir, templates_dir
+from tspbench.record.schema import CPU_NOTE
 from tspbench.record.store import RecordSet, read_all
 from tspbench.record.tables import clean_reason
 from tspbench.report.claims import LABELS_LEGEND, claims_table, grouped_claims, load_claim_list, verdict
-from tspbench.report.frame import CPU_NOTE, MEM_PARTS, WITHIN_PCT, fmt, fmt_seq, frame_of, gb, num, records
+from tspbench.report.frame import MEM_PARTS, WITHIN_PCT, fmt, fmt_seq, frame_of, gb, num, records
 
 # ---------------------------------------------------------------- other tables --------------------
 

@@ -19,7 +19,6 @@ from tspbench.record.schema import supersedes
 from tspbench.record.store import read_records
 
 WITHIN_PCT = 10.0
-CPU_NOTE = "CPU (gloo): checks the machinery, not GPU performance"
 NOT_REPRODUCED = "not reproduced by these results"
 
 METHOD_ORDER = ("measured", "estimated", "modelled")

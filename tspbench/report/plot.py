@@ -18,7 +18,8 @@ import seaborn as sns
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
-from tspbench.report.frame import CPU_NOTE, fmt, fmt_seq, num
+from tspbench.record.schema import CPU_NOTE
+from tspbench.report.frame import fmt, fmt_seq, num
 
 METHOD_STYLE = {"measured": ("-", "o"), "estimated": ("--", "s"), "modelled": (":", "^")}
 MAX_FACETS = 4  # more panels than this stop being readable at 1280 px; the rest are named in a note

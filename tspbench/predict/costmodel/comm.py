@@ -250,13 +250,6 @@ def grad_sync_groups(model: ModelConfig, par: ParallelConfig, layers: int | None
     return []
 
 
-def grad_sync_group(model: ModelConfig, par: ParallelConfig, layers: int | None = None) -> tuple[float, int]:
-    """(elements all-reduced, group size) of the in-group gradient sync: the elements of every group together,
-    the largest group (`grad_sync_groups` has them one by one)."""
-    groups = grad_sync_groups(model, par, layers)
-    return (sum(n for n, _ in groups), max(p for _, p in groups)) if groups else (0.0, 1)
-
-
 def kv_grad_sync_group(model: ModelConfig, par: ParallelConfig, layers: int | None = None) -> tuple[float, int]:
     """(elements, group size) of the replicated-KV gradient all-reduce: with tensor degree T > n_kv each rank's
     W_K, W_V slice (one KV head, 2·h·d per layer) gets partial gradients from its own query heads only, summed
