@@ -109,3 +109,50 @@ def after_backward(events: list, prefix: str) -> list[tuple[str, str]]:
     moved = [e for e in ev if e[1].startswith(prefix)]
     posted = [label for kind, label in moved if kind == "post"]
     return [e for e in ev if not e[1].startswith(prefix)] + [(k, lb) for lb in posted for k in ("post", "wait")]
+
+
+def record_p2p_batches(rank: int, world: int, model: ModelConfig, par: ParallelConfig, seq: int, out_file: str) -> None:
+    """Spawned per rank: one training step of `par` with `dist.batch_isend_irecv` counted; rank 0 writes the list of
+    (peer, tag) pairs of each call's ops, in call order, to `out_file`."""
+    import torch.distributed as dist
+
+    calls: list[list[tuple[int, int]]] = []
+    real = dist.batch_isend_irecv
+
+    def counting(ops):
+        calls.append([(op.peer, op.tag) for op in ops])
+        return real(ops)
+
+    dist.batch_isend_irecv = counting
+    try:
+        _step_events(model, par, seq)
+    finally:
+        dist.batch_isend_irecv = real
+    if rank == 0:
+        with open(out_file, "w") as f:
+            json.dump(calls, f)
+
+
+def record_sync_groups(
+    rank: int, world: int, model: ModelConfig, pars: dict[str, ParallelConfig], out_file: str
+) -> None:
+    """Spawned per rank: for each layout, whether every gradient-sync group is a process group of its own (no
+    shard's collective group and no mesh axis' group is the same object) over the ranks it should span; rank 0
+    writes {name: [(sync key, own group?, its ranks), ...]} to `out_file`."""
+    import torch.distributed as dist
+
+    from tspbench.schemes import ApplyArgs, apply_scheme, build_mesh
+
+    out = {}
+    for name, par in pars.items():
+        mesh = build_mesh(par, "cpu")
+        pm = apply_scheme(model, par, ApplyArgs(mesh, 16, 0, torch.float32, "cpu"))
+        used = {id(mesh.get_group(a)) for a in mesh.mesh_dim_names or ()}
+        used |= {id(c.group) for s in pm.shards.values() for c in (s.comm, s.grad_sum) if c is not None}
+        out[name] = [
+            (str(key), id(comm.group) not in used, dist.get_process_group_ranks(comm.group))
+            for key, (comm, _) in pm.sync_groups.items()
+        ]
+    if rank == 0:
+        with open(out_file, "w") as f:
+            json.dump(out, f)

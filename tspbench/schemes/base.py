@@ -80,7 +80,7 @@ class ParallelModel(nn.Module):
             c = shard.grad_sum
             key = c.axis if c is not None else None
             if key not in self.sync_groups:
-                group = args.sync_group(c) if c is not None else self.dp
+                group = args.sync_group(c)  # a communicator of its own (ApplyArgs.sync_group)
                 if group is not None:
                     self.sync_groups[key] = (group, dp_size)
         # The sync overlaps backward: a hook on each synced parameter marks its gradient complete, and a bucket is

@@ -92,9 +92,9 @@ class Pending:
         self.keep = keep  # a send buffer that must outlive the request
 
     def wait(self):
-        for w in self.works:
-            w.wait()
-        self.works, self.keep = [], None
+        while self.works:  # the hops of one batch share its works (Comm.start_shifts): each is waited once
+            self.works.pop(0).wait()
+        self.keep = None
         self.log.event("wait", self.label)
         return self.finish(self.result) if self.finish is not None else self.result
 
@@ -193,6 +193,27 @@ class Comm:
         ]
         self.log.event("post", label)
         return Pending(dist.batch_isend_irecv(ops), self.log, label, recv, keep=send)
+
+    def start_shifts(self, hops: list[tuple[torch.Tensor, torch.Tensor, int, int, str]]) -> list[Pending]:
+        """Several ring hops (send, recv, offset, tag, label) posted as ONE `batch_isend_irecv`: NCCL runs each
+        batch as one group on the communicator's single stream, so hops posted in separate batches run one after
+        the other (docs/method.md#gpu-review, finding 4) and hops of one batch run together. One Pending per hop."""
+        ops, pend = [], []
+        for send, recv, offset, tag, label in hops:
+            self.record("send_recv", recv, recv.numel())
+            peer_to = self.global_rank((self.rank + offset) % self.size)
+            peer_from = self.global_rank((self.rank - offset) % self.size)
+            ops += [
+                dist.P2POp(dist.isend, send.contiguous(), peer_to, self.group, tag),
+                dist.P2POp(dist.irecv, recv, peer_from, self.group, tag),
+            ]
+            self.log.event("post", label)
+            pend.append((label, recv, ops[-2].tensor))
+        shared = list(dist.batch_isend_irecv(ops))  # one list: gloo's send work blocks again if waited twice
+        out = [Pending(None, self.log, label, recv, keep=sent) for label, recv, sent in pend]
+        for p in out:
+            p.works = shared
+        return out
 
     # ---- asynchronous collectives: post now, wait where the result is used --------------------------------
     def start_broadcast(self, buf: torch.Tensor, src: int, label: str = "broadcast") -> Pending:

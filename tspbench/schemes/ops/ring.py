@@ -11,10 +11,11 @@ and `mlp_exchange=broadcast` (docs/method.md#tsp-mlp, #choice-ring).
                hops (if any) + D − 1 gradient hops.
     biring     `rings_forward` / `rings_backward` with both directions (CW, CCW): each shard is cut in two pieces
                (halves of its channels); piece 0 goes p → p+1 (at step t rank p holds piece 0 of shard (p − t)),
-               piece 1 goes p → p−1 (piece 1 of shard (p + t)). Both hops of a step are posted before the step's
-               two pieces compute and waited after them, so both directions of every link carry half a shard per
-               step (at D = 2 the two directions are one link: both pieces cross it). Backward: each piece's
-               gradient accumulator travels behind it, in its direction. D − 1 hops each way, of half a shard.
+               piece 1 goes p → p−1 (piece 1 of shard (p + t)). Both hops of a step are posted in ONE batch before the
+               step's two pieces compute and waited after them, so both directions of every link carry half a
+               shard per step at once (at D = 2 the two directions are one link: both pieces cross it). Backward:
+               each piece's gradient accumulator travels behind it, in its direction; the weight pair, then the
+               gradient pair, each one batch. D − 1 hops each way, of half a shard.
     broadcast  `broadcast_forward` / `broadcast_backward`: each owner's shard broadcast in turn, owner r+1's posted
                before owner r's shard computes (double-buffered, as attention's weights,
                schemes/ops/owner_attention.py); backward re-broadcasts and reduces each shard's gradient to its
@@ -113,11 +114,12 @@ def rings_forward(
     cur = list(owns)
     for t in range(comm.size):
         pending: list[Pending | None] = [None] * len(cur)
-        if t < comm.size - 1:
-            for i, d in enumerate(directions):
-                pending[i] = comm.start_shift(
-                    cur[i], pools[i][t % 2], offset=d.offset, tag=d.weight_tag, label=f"{label}:{d.prefix}hop{t + 1}"
-                )
+        if t < comm.size - 1:  # every direction's hop in one batch: they run together (docs/method.md#gpu-review)
+            hops = [
+                (cur[i], pools[i][t % 2], d.offset, d.weight_tag, f"{label}:{d.prefix}hop{t + 1}")
+                for i, d in enumerate(directions)
+            ]
+            pending = [*comm.start_shifts(hops)]
         comm.log.event("compute", f"{label}:step{t}")
         for i, d in enumerate(directions):
             step((comm.rank - d.offset * t) % comm.size, i, cur[i])
@@ -159,30 +161,31 @@ def rings_backward(
     incoming: list[Pending | None] = [None] * len(cur)  # the accumulator for the piece handled next
     for t in range(comm.size):  # step t: piece i of shard (rank − offset·t) mod D
         w_pending: list[Pending | None] = [None] * len(cur)
-        if t < comm.size - 1:
+        hops: list[tuple[torch.Tensor, torch.Tensor, int, int, str]] = []
+        moving: list[int] = []
+        if t < comm.size - 1:  # the weight pair in one batch
             for i, d in enumerate(directions):
                 buf, wpool = cur[i], wpools[i]
                 if buf is not None and wpool is not None:
-                    w_pending[i] = comm.start_shift(
-                        buf, wpool[t % 2], offset=d.offset, tag=d.weight_tag, label=f"{label}:{d.prefix}bwd_hop{t + 1}"
-                    )
+                    moving.append(i)
+                    hops.append((buf, wpool[t % 2], d.offset, d.weight_tag, f"{label}:{d.prefix}bwd_hop{t + 1}"))
+        for i, posted in zip(moving, comm.start_shifts(hops) if hops else []):
+            w_pending[i] = posted
         comm.log.event("compute", f"{label}:bwd_step{t}")
+        grads: list[torch.Tensor] = []
         for i, d in enumerate(directions):
             g = partial_grad((comm.rank - d.offset * t) % comm.size, i, cur[i])
             if t == 0:
                 own_grads[i] = g  # own piece: keep, the others' partials arrive last
                 continue
             arrived = incoming[i]
-            if arrived is not None:
-                g = g + arrived.wait()
-            # pass it on, one hop behind the weights: the last hop (t = D − 1) lands on the owner
-            incoming[i] = comm.start_shift(
-                g,
-                pool.get(d.grads, g)[t % 2],
-                offset=d.offset,
-                tag=d.grad_tag,
-                label=f"{label}:{d.prefix}grad_hop{t}",
-            )
+            grads.append(g + arrived.wait() if arrived is not None else g)
+        if t > 0:  # then the gradient pair in one batch, one hop behind the weights: hop D − 1 lands on the owner
+            grad_hops = [
+                (g, pool.get(d.grads, g)[t % 2], d.offset, d.grad_tag, f"{label}:{d.prefix}grad_hop{t}")
+                for g, d in zip(grads, directions)
+            ]
+            incoming = [*comm.start_shifts(grad_hops)]
         for i, p in enumerate(w_pending):
             if p is not None:
                 cur[i] = p.wait()

@@ -181,14 +181,47 @@ class ApplyArgs:
         c = self.groups[key]
         return c if c.size > 1 else None
 
-    def sync_group(self, grad_sum: Comm) -> Comm | None:
+    def sync_group(self, grad_sum: Comm | None) -> Comm | None:
         """The group a gradient summed over `grad_sum` is all-reduced over together with the data-parallel
-        average: dp × that mesh axis (or axes), or dp × a `block_group`."""
-        spec = self.group_specs.get(grad_sum.axis or "")
+        average: dp × that mesh axis (or axes), or dp × a `block_group` (dp alone when `grad_sum` is None). Always
+        a process group of its own, never one the scheme's collectives use: NCCL runs one communicator's work in
+        order on one stream, so a shared group would queue the sync ahead of the next layer's transfers
+        (docs/method.md#gpu-review, finding 9)."""
+        spec = self.group_specs.get(grad_sum.axis or "") if grad_sum is not None else None
         if spec is None:
-            return self.flat("dp", *(grad_sum.axis or "").split("+"))
-        axes, block_axis, block = spec
-        return self.block_group(("dp", *axes), block_axis, block)
+            axes = ("dp", *((grad_sum.axis or "").split("+") if grad_sum is not None else ()))
+            base = self.flat(*axes)
+            rows = self._rows(axes, None, 0)
+        else:
+            names, block_axis, block = spec
+            base = self.block_group(("dp", *names), block_axis, block)
+            rows = self._rows(("dp", *names), block_axis, block)
+        if base is None:
+            return None
+        key = f"sync:{base.axis}"
+        if key not in self.groups:
+            me = dist.get_rank()
+            for row in rows:  # every row, on every rank in the same order (dist.new_group is collective)
+                g = dist.new_group(row)
+                if me in row:
+                    self.groups[key] = Comm(g, self.log, base.axis)
+        return self.groups[key]
+
+    def _rows(self, axes: tuple[str, ...], block_axis: str | None, block: int) -> list[list[int]]:
+        """Every group of ranks that vary along `axes` (dp as the mesh names it) and, when `block_axis` is given,
+        within one run of `block` coordinates along it: the partition one such group belongs to."""
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        dims = list(self.mesh.mesh_dim_names or ())
+        expanded = [p for a in axes for p in (DP_PARTS if a == "dp" and "dp" not in dims else (a,))]
+        names = [a for a in expanded if a in dims and self.mesh.size(dims.index(a)) > 1]
+        if block_axis is None:
+            if not names:
+                return []
+            block_axis, names = names[-1], names[:-1]
+            block = self.mesh.size(dims.index(block_axis))
+        with unset_fake_temporarily():
+            return block_rows(self.mesh.mesh, dims, tuple(names), block_axis, block)
 
     def need(self, axis: str) -> Comm:
         """The group of an axis the scheme cannot do without (validate_parallel guarantees degree ≥ 2)."""
