@@ -252,7 +252,7 @@ def after_window(run: Loop, rank: int, comm: dict, window: Window) -> dict:
     the gather (record.measured.RankNumbers)."""
     spec, pm, opt = run.spec, run.pm, run.opt
     mem = (
-        memory_mod.breakdown(run.step, pm, opt.opt if opt is not None else None, run.device)
+        memory_mod.breakdown(run.step, pm, opt.optimizers if opt is not None else [], run.device)
         if spec.memory_breakdown
         else {}
     )
