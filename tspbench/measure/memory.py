@@ -19,7 +19,7 @@ step, from the CommLog), not added to the total.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -46,7 +46,28 @@ CATEGORIES = {
 }
 
 
+ALLOC_CONF_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+"""The variables torch's CUDA/HIP caching allocator reads its settings from."""
+
+
+def alloc_conf(env: Mapping[str, str]) -> str | None:
+    """The caching allocator's settings in `env`: `NAME=value` of each of ALLOC_CONF_VARS that is set, joined by
+    "; "; None: torch's defaults."""
+    return "; ".join(f"{k}={env[k]}" for k in ALLOC_CONF_VARS if env.get(k)) or None
+
+
+def release_cached(device: torch.device) -> None:
+    """Hand the allocator's cached, unused blocks back (empty_cache) before the LAST warm-up step (tspbench.run.loop
+    first_steps): that step reserves from an empty cache what one steady-state step needs, so peak_reserved, reset
+    to the current reserved at the window's start (`reset_peaks`), is the steady state's and the window's, not what
+    step 0 (first-time optimizer state, the CommLog) left reserved. Not at the window's start: its first timed step
+    would reserve every block again through cudaMalloc."""
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
 def reset_peaks(device: torch.device) -> None:
+    """The window's peaks start here (reserved: at the current reserved, `release_cached`)."""
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
 
