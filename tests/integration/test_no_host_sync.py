@@ -127,6 +127,53 @@ def test_positions_past_the_window_are_still_refused():
                 pm.decode(tokens[:, 64:65], 64)
 
 
+def _hf_transfers(inputs_on: str) -> list[str]:
+    """tspbench.parallelize's module (HFParallel around TSP's ParallelModel on meta), one forward with labels (and,
+    on the device, an all-ones attention_mask) handed in on `inputs_on`, and its backward, with the tracker
+    watching."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from tspbench.hf.parallelize import HFParallel
+    from tspbench.schemes import ApplyArgs, apply_scheme, build_mesh
+
+    par = ParallelConfig(scheme="tsp", degree=2)
+    tracker = MemoryTracker()
+    with _meta_step(), fake_process_group(par.world_size, 0):
+        mesh = build_mesh(par, "cpu")
+        with FakeTensorMode(), fake_patches(), tracker:
+            model = HFParallel(apply_scheme(TINY, par, ApplyArgs(mesh, 64, 0, torch.bfloat16, "meta")), TINY, 64)
+            ids = torch.zeros((1, 64), dtype=torch.long, device=inputs_on)
+            tracker.counting = True
+            mask = torch.ones_like(ids) if inputs_on != "cpu" else None  # a fake host tensor has no values to read
+            out = model(ids, labels=ids, attention_mask=mask)
+            assert out.loss is not None and out.logits.device.type == "meta"
+            out.loss.backward()
+            tracker.counting = False
+    return tracker.host_transfers
+
+
+def test_hf_step_has_no_host_sync():
+    """GPU review finding 3: the label count stays a device tensor and the mask is not read on the host."""
+    assert _hf_transfers("meta") == []
+
+
+def test_hf_forward_moves_host_inputs_to_the_model():
+    """Inputs on the host (the README's loop): the forward copies input_ids and labels to the model's device once
+    each (the old forward handed host tokens to device positions: a device mismatch)."""
+    found = _hf_transfers("cpu")
+    assert len(found) == 2 and all("_to_copy" in f for f in found), found
+
+
+def test_hf_mask_check_reads_host_tensors_only():
+    """`refuse`: a host tensor's value is checked on the host (one actionable line); a device tensor's is not read."""
+    from tspbench.hf.parallelize import refuse
+
+    with pytest.raises(ValueError, match="padding"):
+        refuse(torch.tensor([1, 0]).bool().all(), "attention_mask with padding is not supported")
+    refuse(torch.tensor([1, 1]).bool().all(), "not raised")
+    refuse(torch.zeros(2, device="meta").bool().all(), "a meta tensor has no value: not read, not raised")
+
+
 def test_host_indices_are_caught():
     """Broken variant: the zigzag layout builds its indices on the host and copies them to the device per use (what
     `SeqLayout.unshard` did before)."""
