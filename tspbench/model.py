@@ -317,8 +317,7 @@ class Transformer(nn.Module):
         (defaults to 0…S−1)."""
         if positions is None:
             positions = torch.arange(tokens.shape[1], device=tokens.device)
-        if self.cfg.sliding_window is not None:
-            self._check_window(positions)
+            self.check_window(tokens.shape[1] - 1)
         x = self.embed(tokens)
         for block in self.layers:
             if self.recompute == "full" and torch.is_grad_enabled():
@@ -327,13 +326,16 @@ class Transformer(nn.Module):
                 x = block(x, positions)
         return self.lm_head(self.norm(x))
 
-    def _check_window(self, positions: torch.Tensor) -> None:
-        """Full causal attention equals a sliding window only while every position is inside the window."""
-        last = int(positions.max()) if positions.numel() else 0
-        if last >= typing.cast(int, self.cfg.sliding_window):
+    def check_window(self, last: int) -> None:
+        """Refuse a position at or past Mistral's sliding window: attention here is full causal, equal to the window
+        only inside it. On host integers, so that no forward reads a device value: the forward's own positions,
+        ParallelModel.local_batch's token layout and ParallelModel.decode's position; explicit `positions` given to
+        forward are the caller's to check."""
+        window = self.cfg.sliding_window
+        if window is not None and last >= window:
             raise ValueError(
-                f"position {last} is beyond model.sliding_window={self.cfg.sliding_window}: sliding-window attention "
-                f"is not implemented; use sequences of at most {self.cfg.sliding_window} tokens"
+                f"position {last} is beyond model.sliding_window={window}: sliding-window attention is not "
+                f"implemented; use sequences of at most {window} tokens"
             )
 
 

@@ -17,6 +17,7 @@ indices live on the host (the broken variant below).
 from __future__ import annotations
 
 import contextlib
+from dataclasses import replace
 from unittest import mock
 
 import pytest
@@ -50,15 +51,15 @@ def _meta_step():
         yield
 
 
-def _train_transfers(par: ParallelConfig, mode: str) -> list[str]:
+def _train_transfers(par: ParallelConfig, mode: str, cfg: ModelConfig = TINY) -> list[str]:
     with _meta_step(), fake_process_group(par.world_size, 0):
         tr = trace_step(
-            par, Workload(TINY, 64, 1, mode=mode, dtype="bfloat16"), Tracing(device="meta", fake=True, attention="gpu")
+            par, Workload(cfg, 64, 1, mode=mode, dtype="bfloat16"), Tracing(device="meta", fake=True, attention="gpu")
         )
     return tr.tracker.host_transfers
 
 
-def _decode_transfers(par: ParallelConfig) -> list[str]:
+def _decode_transfers(par: ParallelConfig, cfg: ModelConfig = TINY) -> list[str]:
     """Prefill 64 tokens, then two decode steps, with the tracker watching the decode steps only."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -68,7 +69,7 @@ def _decode_transfers(par: ParallelConfig) -> list[str]:
     with _meta_step(), fake_process_group(par.world_size, 0):
         mesh = build_mesh(par, "cpu")
         with FakeTensorMode(), fake_patches(), torch.no_grad(), tracker:
-            pm = apply_scheme(TINY, par, ApplyArgs(mesh, 64, 0, torch.bfloat16, "meta"))
+            pm = apply_scheme(cfg, par, ApplyArgs(mesh, 64, 0, torch.bfloat16, "meta"))
             pm.start_kv_cache(2)
             tokens = torch.zeros((par.dp, 66), dtype=torch.long, device="meta")
             tok, _, pos = pm.local_batch(tokens[:, :64], tokens[:, :64])
@@ -91,6 +92,86 @@ def test_step_has_no_host_transfer(scheme, degree, extra, mode):
 def test_decode_step_has_no_host_transfer(scheme, degree, extra):
     par = ParallelConfig(scheme=scheme, degree=degree, **extra)
     assert _decode_transfers(par) == []
+
+
+@pytest.mark.parametrize("scheme,degree", [("tsp", 2), ("tp", 2)])
+def test_sliding_window_model_has_no_host_read(scheme, degree):
+    """A Mistral config with a window (here 66 ≥ the 64 prompt tokens and the 2 decoded): the window is checked
+    on host integers (Transformer.check_window), not by reading the positions' maximum in every forward."""
+    windowed = replace(TINY, sliding_window=66)
+    par = ParallelConfig(scheme=scheme, degree=degree)
+    assert _train_transfers(par, "train", windowed) == []
+    assert _decode_transfers(par, windowed) == []
+
+
+def test_positions_past_the_window_are_still_refused():
+    """The host-integer checks refuse what the per-forward read refused: a token layout longer than the window
+    (local_batch) and a decode step at the window (decode), with the one-line message naming the field."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from tspbench.schemes import ApplyArgs, apply_scheme, build_mesh
+
+    par = ParallelConfig(scheme="tsp", degree=2)
+    with _meta_step(), fake_process_group(par.world_size, 0):
+        mesh = build_mesh(par, "cpu")
+        with FakeTensorMode(), fake_patches(), torch.no_grad(), MemoryTracker():  # as _decode_transfers
+            tokens = torch.zeros((1, 65), dtype=torch.long, device="meta")
+            short = apply_scheme(replace(TINY, sliding_window=32), par, ApplyArgs(mesh, 64, 0, torch.bfloat16, "meta"))
+            with pytest.raises(ValueError, match=r"position 63 is beyond model\.sliding_window=32"):
+                short.local_batch(tokens[:, :64], tokens[:, :64])
+            pm = apply_scheme(replace(TINY, sliding_window=64), par, ApplyArgs(mesh, 64, 0, torch.bfloat16, "meta"))
+            pm.start_kv_cache(1)
+            tok, _, pos = pm.local_batch(tokens[:, :64], tokens[:, :64])
+            pm(tok, pos)
+            with pytest.raises(ValueError, match=r"position 64 is beyond model\.sliding_window=64"):
+                pm.decode(tokens[:, 64:65], 64)
+
+
+def _hf_transfers(inputs_on: str) -> list[str]:
+    """tspbench.parallelize's module (HFParallel around TSP's ParallelModel on meta), one forward with labels (and,
+    on the device, an all-ones attention_mask) handed in on `inputs_on`, and its backward, with the tracker
+    watching."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from tspbench.hf.parallelize import HFParallel
+    from tspbench.schemes import ApplyArgs, apply_scheme, build_mesh
+
+    par = ParallelConfig(scheme="tsp", degree=2)
+    tracker = MemoryTracker()
+    with _meta_step(), fake_process_group(par.world_size, 0):
+        mesh = build_mesh(par, "cpu")
+        with FakeTensorMode(), fake_patches(), tracker:
+            model = HFParallel(apply_scheme(TINY, par, ApplyArgs(mesh, 64, 0, torch.bfloat16, "meta")), TINY, 64)
+            ids = torch.zeros((1, 64), dtype=torch.long, device=inputs_on)
+            tracker.counting = True
+            mask = torch.ones_like(ids) if inputs_on != "cpu" else None  # a fake host tensor has no values to read
+            out = model(ids, labels=ids, attention_mask=mask)
+            assert out.loss is not None and out.logits.device.type == "meta"
+            out.loss.backward()
+            tracker.counting = False
+    return tracker.host_transfers
+
+
+def test_hf_step_has_no_host_sync():
+    """GPU review finding 3: the label count stays a device tensor and the mask is not read on the host."""
+    assert _hf_transfers("meta") == []
+
+
+def test_hf_forward_moves_host_inputs_to_the_model():
+    """Inputs on the host (the README's loop): the forward copies input_ids and labels to the model's device once
+    each (the old forward handed host tokens to device positions: a device mismatch)."""
+    found = _hf_transfers("cpu")
+    assert len(found) == 2 and all("_to_copy" in f for f in found), found
+
+
+def test_hf_mask_check_reads_host_tensors_only():
+    """`refuse`: a host tensor's value is checked on the host (one actionable line); a device tensor's is not read."""
+    from tspbench.hf.parallelize import refuse
+
+    with pytest.raises(ValueError, match="padding"):
+        refuse(torch.tensor([1, 0]).bool().all(), "attention_mask with padding is not supported")
+    refuse(torch.tensor([1, 1]).bool().all(), "not raised")
+    refuse(torch.zeros(2, device="meta").bool().all(), "a meta tensor has no value: not read, not raised")
 
 
 def test_host_indices_are_caught():

@@ -8,10 +8,11 @@ slice of the Hugging Face weight, cut as its Shard spec says (the inverse of Par
 our model's, not transformers' code: it equals the Hugging Face model (tests/hf) but uses none of its kernels.
 
 Tokens. Every rank passes the SAME global batch `input_ids` [dp·B, S] (and `labels`, Hugging Face's convention:
-aligned with the inputs, shifted inside, -100 ignored), as torchtitan's context-parallel users hand every rank of a
-CP group the full sequence: the module takes this rank's replica rows and its tokens (zigzag for sp, tsp, fsdp_sp),
-so `out.logits` are this rank's tokens only ([B, S_loc, V] at global positions `module.local_positions`;
-`module.full_logits(out.logits)` gathers them). S must be the `seq_len` given here (the token layout is fixed).
+aligned with the inputs, shifted inside, -100 ignored), on the host or the device (the forward moves them to the
+model's), as torchtitan's context-parallel users hand every rank of a CP group the full sequence: the module takes
+this rank's replica rows and its tokens (zigzag for sp, tsp, fsdp_sp), so `out.logits` are this rank's tokens only
+([B, S_loc, V] at global positions `module.local_positions`; `module.full_logits(out.logits)` gathers them). S must
+be the `seq_len` given here (the token layout is fixed).
 
 Loss and gradients. `out.loss` has the value of Hugging Face's loss over the whole global batch (mean over the
 non-ignored labels) on every rank, and its gradient is this rank's share of it; the gradient sync (partial
@@ -58,46 +59,57 @@ class ParallelOutput:
 
 
 class HFParallel(nn.Module):
-    """The sharded model one rank trains (see the module docstring). `pm`: the scheme's ParallelModel."""
+    """The sharded model one rank trains (see the module docstring). `pm`: the scheme's ParallelModel; `device`: its
+    parameters' device, where each forward moves its inputs."""
 
-    def __init__(self, pm: ParallelModel, cfg: ModelConfig, seq_len: int, config: Any = None):
+    def __init__(
+        self, pm: ParallelModel, cfg: ModelConfig, seq_len: int, config: Any = None, device: torch.device | None = None
+    ):
         super().__init__()
         self.pm, self.cfg, self.seq_len, self.config = pm, cfg, seq_len, config
+        self.device = device if device is not None else next(pm.parameters()).device
         self.local_positions: torch.Tensor | None = None
         """Global positions of this rank's tokens (set by each forward)."""
 
     def forward(
         self, input_ids: torch.Tensor, labels: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None
     ) -> ParallelOutput:
-        """input_ids, labels: the global batch [dp·B, S], the same on every rank. attention_mask: None or all ones
-        (padding masks are not implemented: mark padded labels -100 instead)."""
-        if attention_mask is not None and not bool(attention_mask.bool().all()):
-            raise ValueError("attention_mask with padding is not supported: pass None and set padded labels to -100")
+        """input_ids, labels: the global batch [dp·B, S], the same on every rank, on any device (moved to the
+        model's). attention_mask: None or all ones (padding masks are not implemented: mark padded labels -100
+        instead). No host synchronisation: the mask's check (`refuse`) reads a host tensor on the host and asserts on
+        the device otherwise, and the label count stays a device tensor."""
         if input_ids.dim() != 2 or input_ids.shape[1] != self.seq_len:
             raise ValueError(f"input_ids must be [batch, {self.seq_len}] (the seq_len given to parallelize)")
+        if attention_mask is not None:
+            refuse(
+                attention_mask.bool().all(),
+                "attention_mask with padding is not supported: pass None and set padded labels to -100",
+            )
+        if labels is not None and self.pm.vocab is not None:  # the last position's target is always ignored
+            raise ValueError("labels need vocab=replicated (the vocabulary-parallel loss has no ignore_index)")
+        input_ids = input_ids.to(self.device)
         targets = torch.full_like(input_ids, IGNORE)
         if labels is not None:
-            targets[:, :-1] = labels[:, 1:]  # next-token targets, as Hugging Face shifts its labels
+            targets[:, :-1] = labels[:, 1:].to(self.device)  # next-token targets, as Hugging Face shifts its labels
         tok, tgt, pos = self.pm.local_batch(input_ids, targets)
         self.local_positions = pos
         logits = self.pm(tok, pos)
         if torch.is_grad_enabled() and logits.requires_grad:
             logits.register_hook(self._queue_grad_sync)
-        loss = None if labels is None else self._loss(logits, tgt, int((targets != IGNORE).sum()))
+        loss = None if labels is None else self._loss(logits, tgt, (targets != IGNORE).sum())
         return ParallelOutput(loss, logits)
 
-    def _loss(self, logits: torch.Tensor, targets: torch.Tensor, n_valid: int) -> torch.Tensor:
-        """Σ local token losses / n_valid (all replicas' labels), × dp since the gradient sync averages over dp:
-        the sync then yields the gradient of the global mean. Returned with the global mean's value."""
+    def _loss(self, logits: torch.Tensor, targets: torch.Tensor, n_valid: torch.Tensor) -> torch.Tensor:
+        """Σ local token losses / n_valid (all replicas' labels, a device tensor), × dp since the gradient sync
+        averages over dp: the sync then yields the gradient of the global mean. Returned with the global mean's
+        value."""
         pm = self.pm
         dp = pm.dp.size if pm.dp is not None else 1
         if pm.vocab is not None:
-            if bool((targets == IGNORE).any()):
-                raise ValueError("labels of -100 need vocab=replicated (the vocabulary-parallel loss has no ignore)")
             local = pm.vocab.loss_sum(logits, targets)
         else:
             local = token_loss_sum(logits, targets)
-        local = local * (dp / max(n_valid, 1))
+        local = local * (dp / n_valid.clamp(min=1).to(local.dtype))
         value = pm.replica_loss(local)  # summed over the token group: the replica's share × dp
         if pm.dp is not None:
             dist.all_reduce(value, group=pm.dp.group)
@@ -153,7 +165,18 @@ def parallelize(
     pm = apply_scheme(cfg, par, ApplyArgs(mesh, seq_len, 0, dtype, device, CommLog(enabled=False)))
     with torch.no_grad():
         load_full_state(pm, state_dict_from_hf(model.state_dict(), cfg))
-    return HFParallel(pm, cfg, seq_len, getattr(model, "config"))  # noqa: B009
+    return HFParallel(pm, cfg, seq_len, getattr(model, "config"), device)  # noqa: B009
+
+
+def refuse(ok: torch.Tensor, message: str) -> None:
+    """Raise ValueError(message) unless `ok` (a bool scalar) holds. A host tensor is read on the host; a device
+    tensor is not read (that would wait for the device every step): torch._assert_async fails the device's stream
+    instead, so the error surfaces at the next synchronisation as a device-side assert, without this message."""
+    if ok.device.type == "cpu":
+        if not bool(ok):
+            raise ValueError(message)
+    else:
+        torch._assert_async(ok, message)
 
 
 def load_full_state(pm: ParallelModel, full: dict[str, torch.Tensor]) -> None:

@@ -19,7 +19,7 @@ step, from the CommLog), not added to the total.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -46,7 +46,28 @@ CATEGORIES = {
 }
 
 
+ALLOC_CONF_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+"""The variables torch's CUDA/HIP caching allocator reads its settings from."""
+
+
+def alloc_conf(env: Mapping[str, str]) -> str | None:
+    """The caching allocator's settings in `env`: `NAME=value` of each of ALLOC_CONF_VARS that is set, joined by
+    "; "; None: torch's defaults."""
+    return "; ".join(f"{k}={env[k]}" for k in ALLOC_CONF_VARS if env.get(k)) or None
+
+
+def release_cached(device: torch.device) -> None:
+    """Hand the allocator's cached, unused blocks back (empty_cache) before the LAST warm-up step (tspbench.run.loop
+    first_steps): that step reserves from an empty cache what one steady-state step needs, so peak_reserved, reset
+    to the current reserved at the window's start (`reset_peaks`), is the steady state's and the window's, not what
+    step 0 (first-time optimizer state, the CommLog) left reserved. Not at the window's start: its first timed step
+    would reserve every block again through cudaMalloc."""
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
 def reset_peaks(device: torch.device) -> None:
+    """The window's peaks start here (reserved: at the current reserved, `release_cached`)."""
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
 
@@ -105,23 +126,24 @@ def _nvml_index(cuda_index: int) -> int:
 
 # ------------------------------------------------------------------------------------------ breakdown
 def breakdown(
-    step: Callable[[], Any], module: torch.nn.Module, optimizer: torch.optim.Optimizer | None, device: torch.device
+    step: Callable[[], Any], module: torch.nn.Module, optimizers: Sequence[torch.optim.Optimizer], device: torch.device
 ) -> dict[str, Any]:
     """Per-category bytes (GiB) at this rank's peak during one call of `step` (collective: every rank
-    calls it). Returns mem_{params,grads,optimizer,activations,temporaries,total}_gib and the method."""
+    calls it). `optimizers`: those whose state is the optimizer's (none for forward and decode). Returns
+    mem_{params,grads,optimizer,activations,temporaries,total}_gib and the method."""
     try:
-        return _mem_tracker(step, module, optimizer, device)
+        return _mem_tracker(step, module, optimizers, device)
     except Exception as e:  # noqa: BLE001 - MemTracker is a private, evolving API
-        out = _fallback(step, module, optimizer)
+        out = _fallback(step, module, optimizers)
         out["mem_breakdown_reason"] = f"MemTracker failed ({type(e).__name__}: {e}); fallback used"
         return out
 
 
-def _mem_tracker(step, module, optimizer, device) -> dict[str, Any]:
+def _mem_tracker(step, module, optimizers, device) -> dict[str, Any]:
     from torch.distributed._tools.mem_tracker import MemTracker
 
     mt = MemTracker()
-    mt.track_external(*(x for x in (module, optimizer) if x is not None))
+    mt.track_external(module, *optimizers)
     with mt:
         step()
     snap = mt.get_tracker_snapshot("peak")
@@ -138,7 +160,7 @@ def _mem_tracker(step, module, optimizer, device) -> dict[str, Any]:
     return out
 
 
-def _fallback(step, module, optimizer) -> dict[str, Any]:
+def _fallback(step, module, optimizers) -> dict[str, Any]:
     params = {p.untyped_storage().data_ptr() for p in module.parameters()}
     saved = [0]
     with saved_tensor_bytes(params, saved):
@@ -146,9 +168,7 @@ def _fallback(step, module, optimizer) -> dict[str, Any]:
     nbytes = lambda ts: sum(t.untyped_storage().nbytes() for t in ts)  # noqa: E731
     p = nbytes(module.parameters())
     g = nbytes(q.grad for q in module.parameters() if q.grad is not None)
-    o = 0
-    if optimizer is not None:
-        o = sum(nbytes(v for v in st.values() if torch.is_tensor(v)) for st in optimizer.state.values())
+    o = sum(nbytes(v for v in st.values() if torch.is_tensor(v)) for opt in optimizers for st in opt.state.values())
     return {
         "mem_params_gib": p / GIB,
         "mem_grads_gib": g / GIB,

@@ -15,7 +15,7 @@ set_to_none, as the worker does).
 
 The step is tspbench.schemes.train.train_step, the one verify proves and the worker times, with its
 mixed-precision AdamW: for bf16, fp32 master copies with fp32 m, v (category optimizer: 12 B/param), each
-bf16 gradient upcast one parameter at a time; for fp32/fp64, AdamW on the parameters.
+bf16 gradients upcast a bin of at most the largest parameter at a time; for fp32/fp64, AdamW on the parameters.
 
 Phases (`StepTrace.segment_peaks`, the estimate's peak_phase and phase_peak_bytes): the marks step (embedding),
 fwd<i>, head (final norm, LM head, loss), backward (loss and head backward), bwd<i>, embed_bwd, grad_sync,

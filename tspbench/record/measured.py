@@ -47,6 +47,8 @@ class Gathered:
     """torch.distributed backend (gloo, nccl)."""
     launcher: str
     """What started the ranks (TSPBENCH_LAUNCHER, else torchrun)."""
+    alloc_conf: str | None = None
+    """The CUDA caching allocator's settings rank 0 ran with (memory.alloc_conf); None: torch's defaults, or CPU."""
 
 
 def build_record(spec: RunSpec, run: Gathered) -> dict:
@@ -79,6 +81,7 @@ def build_record(spec: RunSpec, run: Gathered) -> dict:
         "finished_at": run.finished,
         "backend": run.backend,
         "launcher": run.launcher,
+        "alloc_conf": run.alloc_conf,
     }
     return rec
 

@@ -172,7 +172,8 @@ def benchmark(spec: RunSpec, device: torch.device, rank: int, world: int) -> dic
     if rank != 0:
         return None
     launcher = os.environ.get("TSPBENCH_LAUNCHER", "torchrun")
-    return build_record(spec, Gathered(gathered, loss, n_tokens, started, now(), dist.get_backend(), launcher))
+    conf = memory_mod.alloc_conf(os.environ) if device.type == "cuda" else None
+    return build_record(spec, Gathered(gathered, loss, n_tokens, started, now(), dist.get_backend(), launcher, conf))
 
 
 def setup(spec: RunSpec, device: torch.device) -> Loop:
@@ -203,25 +204,33 @@ def setup(spec: RunSpec, device: torch.device) -> Loop:
 
 def first_steps(run: Loop, fault: Fault) -> dict:
     """Step 0 (untimed; the CommLog records every collective, then stops; an injected fault fires here) and the
-    rest of the warm-up. Returns layer 0's communication (comm_per_layer)."""
+    rest of the warm-up, the last of them from an empty allocator cache (memory.release_cached). Returns layer 0's
+    communication (comm_per_layer)."""
     fault.fire()
+    if run.spec.warmup_steps <= 1:
+        memory_mod.release_cached(run.device)
     run.step()
     comm = comm_per_layer(run.log)
     run.log.enabled = False
-    for _ in range(run.spec.warmup_steps - 1):
+    for i in range(run.spec.warmup_steps - 1):
+        if i == run.spec.warmup_steps - 2:
+            memory_mod.release_cached(run.device)
         run.step()
     return comm
 
 
 def measured_window(run: Loop, rank: int, n_tokens: int) -> Window:
-    """sync → measured_steps steps → sync: timer.start() and timer.stop() are the window's only syncs. Inside it
-    nothing calls .item() or otherwise waits on the device (the progress line reads the host clock only); the loss
-    stays a device tensor until `replica_loss`. Time, peak memory and energy are read together at the edges."""
+    """barrier → sync → measured_steps steps → sync: timer.start() and timer.stop() are the window's only syncs.
+    The barrier first, as the prefill's: every rank starts its clock once all have left warm-up, so skew between
+    ranks is not timed in the first step (nor in window_s, the slowest rank's). Inside it nothing calls .item() or
+    otherwise waits on the device (the progress line reads the host clock only); the loss stays a device tensor
+    until `replica_loss`. Time, peak memory and energy are read together at the edges."""
     n, device = run.spec.measured_steps, run.device
     memory_mod.reset_peaks(device)
     timer, meter = timing.StepTimer(device), energy_mod.EnergyMeter(device, run.spec.power_sample_s)
     last_print = 0.0
     loss = None
+    dist.barrier()
     timer.start()
     meter.start()
     for i in range(n):
@@ -252,7 +261,7 @@ def after_window(run: Loop, rank: int, comm: dict, window: Window) -> dict:
     the gather (record.measured.RankNumbers)."""
     spec, pm, opt = run.spec, run.pm, run.opt
     mem = (
-        memory_mod.breakdown(run.step, pm, opt.opt if opt is not None else None, run.device)
+        memory_mod.breakdown(run.step, pm, opt.optimizers if opt is not None else [], run.device)
         if spec.memory_breakdown
         else {}
     )

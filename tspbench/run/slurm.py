@@ -359,7 +359,7 @@ def follow(alloc: Allocation, say=print) -> int:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env=worker_env(launcher),
+                env=worker_env(launcher, spec.device),
                 start_new_session=True,
             )
             try:

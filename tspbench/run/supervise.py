@@ -35,6 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
+from tspbench.measure.memory import ALLOC_CONF_VARS
 from tspbench.paths import package_search_root
 from tspbench.record.schema import base_record
 from tspbench.record.spec import RunSpec
@@ -136,7 +137,7 @@ def run_measured(spec: RunSpec, run_dir: Path, on_step: Callable | None = None, 
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env=worker_env(group.launcher),
+                env=worker_env(group.launcher, spec.device),
                 start_new_session=True,  # its own session: kill_group reaches every rank, and Ctrl-C only us
                 text=True,
                 bufsize=1,
@@ -172,12 +173,22 @@ def run_measured(spec: RunSpec, run_dir: Path, on_step: Callable | None = None, 
     return parent_record(results, rec)
 
 
-def worker_env(launcher: str = LAUNCHER) -> dict[str, str]:
+CUDA_ALLOC_CONF = "expandable_segments:True"
+"""A measured CUDA run's allocator settings unless the user set any of memory.ALLOC_CONF_VARS: segments that grow
+instead of one cudaMalloc per size class, so a long run's reserved memory is not fragmented into blocks too small
+to reuse (torchtitan's run_train.sh sets the same)."""
+
+
+def worker_env(launcher: str = LAUNCHER, device: str = "cpu") -> dict[str, str]:
     """The rank group's environment: unbuffered output (the progress bar reads it live), this tspbench first on
-    the path, the launcher the record names, and one OpenMP thread per rank unless the user set another."""
+    the path, the launcher the record names, one OpenMP thread per rank unless the user set another, and on
+    device=cuda PYTORCH_CUDA_ALLOC_CONF=CUDA_ALLOC_CONF unless the user set the allocator's settings (kept as they
+    are; the record names what ran: provenance.alloc_conf)."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", TSPBENCH_LAUNCHER=launcher)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(package_search_root()), env.get("PYTHONPATH")) if p)
     env.setdefault("OMP_NUM_THREADS", "1")
+    if device == "cuda" and not any(env.get(k) for k in ALLOC_CONF_VARS):
+        env["PYTORCH_CUDA_ALLOC_CONF"] = CUDA_ALLOC_CONF
     return env
 
 

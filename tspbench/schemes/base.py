@@ -120,6 +120,7 @@ class ParallelModel(nn.Module):
         if self.dp is not None:
             tokens = tokens.chunk(self.dp.size, 0)[self.dp.rank]
             targets = targets.chunk(self.dp.size, 0)[self.dp.rank]
+        self.module.check_window((self.layout.seq_len if self.layout else tokens.shape[1]) - 1)  # host ints
         if self.layout is None:
             return tokens, targets, torch.arange(tokens.shape[1], device=tokens.device)
         pos = self.layout.positions
@@ -174,6 +175,7 @@ class ParallelModel(nn.Module):
         """One decode step after `start_kv_cache` and a prefill. tokens: [dp·B, 1], the new token of every
         replica at global `position` (the same on every rank of a group). Returns this rank's logits
         [B, 1, V] ([B, 1, V/T] where the vocabulary is split)."""
+        self.module.check_window(position)  # a host int: no read of the device's positions
         if not getattr(self, "decoding", False):  # once, not on every token
             self._set_decoding(True)
         self.decode_state.position = position

@@ -61,7 +61,7 @@ MEMORY_KEYS = ("params", "grads", "optimizer", "activations", "temporaries", "co
 
 
 def largest_param_elems(model: ModelConfig, par: ParallelConfig) -> float:
-    """The biggest single parameter a rank holds (its optimizer update's transient is per parameter)."""
+    """The biggest single parameter a rank holds (the bound of its optimizer update's fp32 gradient transient)."""
     lay = layout(par)
     if par.spec.fsdp:  # every parameter's rows ÷ N
         return max(model.vocab_size, model.ffn_hidden, model.n_heads * model.head_dim) * model.dim / lay.weight_div
@@ -360,8 +360,9 @@ def grad_sync_phase(step: StepMemory, grads: Gradients) -> dict[str, float]:
 
 
 def optimizer_phase(step: StepMemory, grads: Gradients) -> dict[str, float]:
-    """The optimizer step: AdamW's fp32 gradient copy of the largest parameter (master_fp32: per-parameter upcast +
-    fused update) or two parameter-sized temporaries (torch's single-tensor AdamW); nothing for SGD."""
+    """The optimizer step: AdamW's fp32 gradient copy of the largest parameter (master_fp32: gradients upcast a bin
+    of at most its size at a time + fused update) or two parameter-sized temporaries (torch's single-tensor
+    AdamW); nothing for SGD."""
     tr, b = step.training, step.work.elem_bytes
     big = largest_param_elems(step.work.model, step.par)
     adamw = tr.optimizer == "adamw"
