@@ -387,7 +387,8 @@ def test_flops_conventions_and_peak_table():
     assert full > cf.flops_per_token(llama, s, mode="train")
     # the profiles' bf16 peaks (conf/hardware/, tests/unit/test_peak_flops.py); no profile, no peak
     assert fl.peak_flops("NVIDIA H100 80GB HBM3", "cuda")[0] == 989.4e12
-    assert fl.peak_flops("NVIDIA H100 PCIe", "cuda")[0] is None
+    assert fl.peak_flops("NVIDIA H100 PCIe", "cuda")[0] == 756.0e12  # its own profile (h100_pcie.yaml)
+    assert fl.peak_flops("NVIDIA H100 NVL", "cuda")[0] is None
     assert fl.peak_flops("NVIDIA H200", "cuda")[0] == 989.4e12
     assert fl.peak_flops("AMD Instinct MI300X", "cuda")[0] == 1307.4e12
     assert fl.peak_flops("x86_64", "cpu")[0] is None and "CPU" in fl.peak_flops("x86_64", "cpu")[1]

@@ -113,7 +113,9 @@ def test_calibration_record_is_what_load_hardware_applies(tmp_path):
 
     peak = 989.4e12
     flops = {"gemm": 4e12, "attention_forward": 2e12, "attention_backward": 5e12}
-    rec = calibration_record({"gemm": 8e-3, "attention_forward": 8e-3, "attention_backward": 25e-3}, flops, peak, "X")
+    rec = calibration_record(
+        {"gemm": 8e-3, "attention_forward": 8e-3, "attention_backward": 25e-3}, flops, peak, "NVIDIA H200"
+    )
     assert rec["efficiency"]["gemm"] == pytest.approx(4e12 / (8e-3 * peak))
     shutil.copy(CONF_DIR / "h200.yaml", tmp_path / "h200.yaml")
     written = write_calibration(tmp_path / "h200.calibration.json", rec)  # atomic, through its kind's guard

@@ -197,7 +197,7 @@ def test_shape_checks_time_every_distinct_call_beside_the_model(tmp_path):
     from tspbench.predict.costmodel.hardware import apply_shapes, shape_key
 
     path = tmp_path / "h200.shapes.jsonl"
-    path.write_text("\n".join(json.dumps(r) for r in recs if 0 < r["measured_efficiency"] <= 1))
+    path.write_text("\n".join(json.dumps({"hardware": "h200", **r}) for r in recs if 0 < r["measured_efficiency"] <= 1))
     hw = load_hardware("h200")
     apply_shapes(hw, path)
     assert hw.measured_shapes and all(shape_key(r["call"], r["shape"], r["what"]) in hw.measured_shapes for r in recs)
@@ -222,9 +222,9 @@ def test_calls_timed_on_the_device_replace_the_published_curve(tmp_path):
     modelled_a = attention_efficiency(8192, 8192, 4, 128, "causal", "fwd", 1, plain)
     lines = [
         {"call": "gemm", "what": "q", "shape": [8192, 4096, 4096], "measured_efficiency": 0.3,
-         "modelled_efficiency": modelled_g},
+         "modelled_efficiency": modelled_g, "device": "NVIDIA H100 80GB HBM3"},
         {"call": "attention", "what": "fwd", "shape": [8192, 8192, 4, 128, "causal", 1], "measured_efficiency": 0.2,
-         "modelled_efficiency": modelled_a},
+         "modelled_efficiency": modelled_a, "hardware": "h100"},
     ]  # fmt: skip
     (tmp_path / "h100.shapes.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
     hw = load_hardware("h100", tmp_path)

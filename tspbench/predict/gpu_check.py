@@ -125,9 +125,10 @@ def shape_cases(hardware: str, device: str = "cuda", seq_len: int = 131072) -> I
     from tspbench.predict.gpu_time import shape_checks
 
     hw, model = load_hardware(hardware), model_preset("llama7b")
+    named = {"device": torch.cuda.get_device_name()} if device.startswith("cuda") else {}  # what apply_shapes checks
     for par in SHAPE_LAYOUTS:
         try:
             for rec in shape_checks(par, Workload(model, seq_len, 1), hw, device):
-                yield {"layout": par.label(), "seq_len": seq_len, "hardware": hardware, **rec}
+                yield {"layout": par.label(), "seq_len": seq_len, "hardware": hardware, **named, **rec}
         except torch.OutOfMemoryError as e:
             yield {"layout": par.label(), "status": "oom", "reason": str(e).splitlines()[0]}

@@ -56,6 +56,7 @@ def build_record(spec: RunSpec, run: Gathered) -> dict:
     ranks, dev0 = run.ranks, run.ranks[0]
     rec = base_record(spec, "ok")
     rec["device_name"] = dev0["device_name"]
+    rec["hardware"], rec["hardware_reason"] = device_hardware(spec.device, dev0["device_name"])
     m = timing_metrics(spec, run)
     m.update(flops_metrics(spec, dev0["device_name"], m["tokens_per_s"]))
     m.update(memory_metrics(spec, ranks))
@@ -86,6 +87,18 @@ def build_record(spec: RunSpec, run: Gathered) -> dict:
     return rec
 
 
+CPU_HARDWARE_REASON = "CPU run (gloo): no hardware profile describes the host (conf/hardware/cpu.yaml is a nominal one)"
+
+
+def device_hardware(device: str, device_name: str | None) -> tuple[str | None, str | None]:
+    """(the profile naming the device, None) or (None, why none does): the record's `hardware`, so its report panel,
+    capacity line and guards are the device's own, never the experiment's modelling profile."""
+    if device == "cpu":
+        return None, CPU_HARDWARE_REASON
+    entry = flops_mod.match_profile(device_name)
+    return (entry.profile, None) if entry is not None else (None, flops_mod.no_profile_reason(device_name))
+
+
 def timing_metrics(spec: RunSpec, run: Gathered) -> dict[str, Any]:
     """Throughput over the slowest rank's window; step-time spread over every rank's every step."""
     m = timing.throughput(run.tokens_per_step, spec.measured_steps, [r["window_s"] for r in run.ranks], spec.world_size)
@@ -94,10 +107,10 @@ def timing_metrics(spec: RunSpec, run: Gathered) -> dict[str, Any]:
 
 
 def flops_metrics(spec: RunSpec, device_name: str, tokens_per_s: float | None) -> dict[str, Any]:
-    """Model FLOPs per token (both causal conventions), hardware FLOPs, and MFU / HFU against the device's peak
-    (the hardware profile that names the device; None with the reason otherwise)."""
+    """Model FLOPs per token (both causal conventions), hardware FLOPs, and MFU / HFU against the device's peak in
+    the run's dtype (the hardware profile that names the device; None with the reason otherwise)."""
     cfg, world = spec.model_config(), spec.world_size
-    peak, peak_src = flops_mod.peak_flops(device_name, spec.device)
+    peak, peak_src = flops_mod.peak_flops(device_name, spec.device, dtype=spec.dtype)
     f_causal = flops_per_token(cfg, spec.seq_len, mode=spec.mode, causal_halved=True)
     f_full = flops_per_token(cfg, spec.seq_len, mode=spec.mode, causal_halved=False)
     f_hw = hardware_flops_per_token(spec.parallel(), Workload(cfg, spec.seq_len, mode=spec.mode))

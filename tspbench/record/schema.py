@@ -12,6 +12,11 @@ from tspbench.record.spec import RunSpec
 
 STATUSES = ("ok", "oom", "failed", "timeout", "invalid", "implausible")  # implausible: record/guards.py
 CPU_NOTE = "CPU (gloo): checks the machinery, not GPU performance"
+UNNAMED_DEVICE = (
+    "no rank named its device: a measured record's hardware is the profile whose device_names match the device "
+    "(tspbench.measure.flops.match_profile), never the experiment's modelling profile"
+)
+"""`hardware_reason` of a measured record written before any rank named its device (refused, failed, out of memory)."""
 
 
 def supersedes(new: dict[str, Any], old: dict[str, Any]) -> bool:
@@ -58,7 +63,10 @@ def base_record(spec: RunSpec, status: str, reason: str | None = None) -> dict[s
         "dtype": spec.dtype,
         "device": spec.device,
         "device_name": None,
-        "hardware": spec.hardware,
+        # measured: the device's own profile, set from the device name (record/measured.py); never spec.hardware,
+        # the experiment's profile for its predictions
+        "hardware": None if spec.method == "measured" else spec.hardware,
+        "hardware_reason": UNNAMED_DEVICE if spec.method == "measured" else None,
         "cpu_note": CPU_NOTE if spec.device == "cpu" and spec.method == "measured" else None,
         "fault": spec.fault["kind"] if spec.fault["kind"] != "none" else None,
         "metrics": {},

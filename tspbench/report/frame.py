@@ -13,7 +13,8 @@ from typing import Any
 
 import pandas as pd
 
-from tspbench.config import GIB_TO_GB
+from tspbench.config import GIB, GIB_TO_GB
+from tspbench.measure.flops import match_profile, profile_entry
 from tspbench.parallel import SCHEMES, ParallelConfig
 from tspbench.record.schema import supersedes
 from tspbench.record.store import read_records
@@ -22,8 +23,6 @@ WITHIN_PCT = 10.0
 NOT_REPRODUCED = "not reproduced by these results"
 
 METHOD_ORDER = ("measured", "estimated", "modelled")
-# Device memory in GB (vendor figures) for the capacity line; a record's device_capacity_gib wins.
-CAPACITY_GB = {"mi300x": 192.0, "h200": 141.0, "h100": 80.0}
 NUMERIC = (
     "seq_len",
     "degree",
@@ -117,13 +116,12 @@ def hardware_label(row: dict) -> str:
 
 
 def capacity_gib(row: dict) -> float | None:
+    """The device memory of the capacity line, GiB: the record's device_capacity_gib (estimated / modelled), else
+    the `mem_bytes` of the record's own hardware profile (a measured record's is the profile naming its device)."""
     if num(row.get("device_capacity_gib")):
         return num(row.get("device_capacity_gib"))
-    name = f"{row.get('hardware') or ''} {row.get('device_name') or ''}".lower().replace(" ", "")
-    for key, cap_gb in CAPACITY_GB.items():
-        if key in name:
-            return cap_gb / GIB_TO_GB
-    return None
+    entry = profile_entry(str(row["hardware"])) if row.get("hardware") else None
+    return entry.mem_bytes / GIB if entry is not None and entry.mem_bytes else None
 
 
 def peak_memory(row: dict) -> tuple[float | None, str]:
@@ -158,6 +156,11 @@ def flatten(rec: dict) -> dict:
     row.update({f"cfg_{k}": v for k, v in sub("model_cfg").items()})
     row.update({f"rank_{k}": v for k, v in sub("per_rank").items()})
     row["provenance"] = sub("provenance")
+    if row.get("method") == "measured" and "hardware_reason" not in rec and row.get("device") != "cpu":
+        # written before a measured record named its device's profile (it carried the experiment's modelling one):
+        # the same match record/measured.py makes now
+        entry = match_profile(row.get("device_name"))
+        row["hardware"] = entry.profile if entry is not None else None
     row["status"] = row.get("status") or "unknown"
     row["method"] = row.get("method") or "unknown"
     row["label"] = scheme_label(row)

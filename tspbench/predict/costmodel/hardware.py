@@ -12,6 +12,7 @@ from pathlib import Path
 
 import yaml
 
+from tspbench.measure.flops import pattern_length
 from tspbench.paths import conf_dir
 from tspbench.predict.costmodel.workload import BYTES
 
@@ -78,8 +79,9 @@ class HardwareProfile:
     """Where every number comes from."""
     device_names: list[str] = field(default_factory=list)
     """Substrings of `torch.cuda.get_device_name()` this profile describes (case-insensitive; the longest matching
-    pattern of any profile wins): how a measured record finds its MFU peak, `peak_flops_bf16`
-    (tspbench.measure.flops.peak_flops). Empty: no device maps to it (cpu)."""
+    pattern of any profile wins; a "!"-prefixed entry names what it never describes): how a measured record finds its
+    `hardware` and MFU peak (tspbench.measure.flops.match_profile), and which calibration and shapes files it takes.
+    Empty: no device maps to it (cpu)."""
     attention_forward_efficiency: float | None = None
     """Fraction of peak the attention kernel reaches in forward; None = matmul_efficiency (the datasheet assumption).
     Set by the profile from a published figure of the kernel PyTorch's SDPA runs there (cited beside it), or by a
@@ -211,6 +213,7 @@ def apply_shapes(profile: HardwareProfile, path: Path) -> None:
             raise ValueError(
                 f"{path}:{n}: needs call, what, shape, measured_efficiency, modelled_efficiency ({e})"
             ) from None
+        refuse_other_device(profile, f"{path}:{n}", rec.get("device"), rec.get("hardware"))
         if call not in ("attention", "gemm") or not (0 < eff <= 1) or not (0 < model <= 1):
             raise ValueError(f"{path}:{n}: call must be attention or gemm and both efficiencies in (0, 1]; got {rec}")
         table[shape_key(call, shape, what)] = (eff, model)
@@ -275,6 +278,26 @@ def _check_kernel_keys(path: Path, data: dict) -> None:
 CALIBRATION_KEYS = ("gemm", "attention_forward", "attention_backward")
 
 
+def refuse_other_device(profile: HardwareProfile, where: str, device: object, hardware: object) -> None:
+    """A calibration or shapes file measured on another part is refused (one line naming the file, its device and the
+    profile's device_names): its `device` must match the profile's device_names; a shapes line without a device
+    (before gpu_check wrote one) must name the profile in `hardware` (gpu_check resolves it from the device)."""
+    if device is not None:
+        if pattern_length(profile.device_names, str(device)):
+            return
+        what = f"device {device!r}"
+    elif hardware is not None:
+        if hardware == profile.name:
+            return
+        what = f"no device and hardware {hardware!r}"
+    else:
+        what = "no device (and no hardware)"
+    raise ValueError(
+        f"{where}: {what} is not {profile.name}'s (conf/hardware/{profile.name}.yaml device_names: "
+        f"{profile.device_names}); keep it beside the profile that names its device"
+    )
+
+
 def apply_calibration(profile: HardwareProfile, path: Path) -> None:
     """Replace the assumed efficiencies by measured ones: {"device", "torch", "driver", "date", "source",
     "efficiency": {"gemm", "attention_forward", "attention_backward"}} (fractions of the profile's bf16 peak, as
@@ -284,6 +307,7 @@ def apply_calibration(profile: HardwareProfile, path: Path) -> None:
     import json
 
     data = json.loads(path.read_text())
+    refuse_other_device(profile, str(path), data.get("device"), None)
     eff = data.get("efficiency", {})
     missing = [k for k in CALIBRATION_KEYS if not isinstance(eff.get(k), (int, float))]
     if missing or not all(0 < eff[k] <= 1 for k in CALIBRATION_KEYS if k not in missing):
