@@ -11,6 +11,7 @@ imports nothing of tspbench's but paths.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import types
 import typing
 from dataclasses import dataclass, field
@@ -39,7 +40,7 @@ class ConfigError(ValueError):
     """A user mistake in the configuration; its message is one actionable line. `key`: the field's path (e.g.
     ("measured", "step_s")) when a schema check names one, so that a file's loader can add the line it is on."""
 
-    def __init__(self, message: str, key: tuple[str, ...] = ()) -> None:
+    def __init__(self, message: str, key: tuple[Any, ...] = ()) -> None:
         super().__init__(message)
         self.key = key
 
@@ -130,10 +131,17 @@ def _rules(hint: Any) -> tuple[Any, ...]:
     return getattr(hint, "__metadata__", ())
 
 
+@functools.cache
+def _hints(cls: Any) -> dict[str, Any]:
+    """A dataclass's field types with their Annotated declarations (evaluated once per class: the planner and the
+    grid check a ModelConfig per layout)."""
+    return typing.get_type_hints(cls, include_extras=True)
+
+
 def check_declared(obj: Any, prefix: str = "") -> None:
     """Every field of the dataclass `obj` (nested dataclasses and mappings of them too) against what its type
     declares: its `Range`, its `Output`. ConfigError naming the field, the value and what is allowed."""
-    hints = typing.get_type_hints(type(obj), include_extras=True)
+    hints = _hints(typing.cast(typing.Hashable, type(obj)))
     for f in dataclasses.fields(obj):
         value, key = getattr(obj, f.name), prefix + f.name
         for rule in _rules(hints[f.name]):
@@ -185,7 +193,7 @@ def check_mapping(cls: type, data: dict[str, Any], prefix: str = "", extra: dict
     """A raw mapping against the dataclass `cls` as a typed schema: every key a field (or one of `extra`, key →
     type), every value of the field's type and within its declared Range, nested dataclass fields likewise.
     ConfigError (one line, its `key` the path to the offending field)."""
-    hints = {**typing.get_type_hints(cls, include_extras=True), **(extra or {})}
+    hints = {**_hints(cls), **(extra or {})}
     names = [f.name for f in dataclasses.fields(cls)] + list(extra or {})
     for name, value in data.items():
         key = f"{prefix}{name}"
