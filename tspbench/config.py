@@ -74,9 +74,9 @@ class Range:
 
     def problem(self, key: str, value: Any) -> str | None:
         """The one line refusing `value` of field `key`, or None when it is allowed (None: an unset optional)."""
+        if value is None or (not isinstance(value, (dict, list, tuple)) and self.holds(value)):
+            return None  # the common case, first: the planner validates a ModelConfig per layout
         note = f" ({self.note})" if self.note else ""
-        if value is None:
-            return None
         if isinstance(value, dict):
             bad = [k for k, v in value.items() if not self.holds(v)]
             return f"{key}.{bad[0]}={value[bad[0]]!r} must be {self.text()}{note}" if bad else None
@@ -85,7 +85,7 @@ class Range:
                 return f"{key}=[] is empty; allowed: one or more values, each {self.text()}{note}"
             ok = all(self.holds(v) for v in value)
             return None if ok else f"{key}={list(value)}: every value must be {self.text()}{note}"
-        return None if self.holds(value) else f"{key}={value!r} must be {self.text()}{note}"
+        return f"{key}={value!r} must be {self.text()}{note}"
 
 
 @dataclass(frozen=True)
@@ -133,26 +133,41 @@ def _rules(hint: Any) -> tuple[Any, ...]:
 
 @functools.cache
 def _hints(cls: Any) -> dict[str, Any]:
-    """A dataclass's field types with their Annotated declarations (evaluated once per class: the planner and the
-    grid check a ModelConfig per layout)."""
+    """A dataclass's field types with their Annotated declarations (evaluated once per class)."""
     return typing.get_type_hints(cls, include_extras=True)
+
+
+@functools.cache
+def _declared(cls: Any) -> list[tuple[str, tuple[Any, ...], bool]]:
+    """(field, its Range / Output declarations, whether it may hold a dataclass) for each field of `cls` that
+    declares one or may hold one: what check_declared visits, listed once per class (the planner validates a
+    ModelConfig per layout)."""
+    out = []
+    for f in dataclasses.fields(cls):
+        hint = _hints(cls)[f.name]
+        base = typing.get_args(hint)[0] if typing.get_origin(hint) is Annotated else hint
+        nests = base is Any or dataclasses.is_dataclass(base) or typing.get_origin(base) is dict
+        if _rules(hint) or nests:
+            out.append((f.name, _rules(hint), nests))
+    return out
 
 
 def check_declared(obj: Any, prefix: str = "") -> None:
     """Every field of the dataclass `obj` (nested dataclasses and mappings of them too) against what its type
     declares: its `Range`, its `Output`. ConfigError naming the field, the value and what is allowed."""
-    hints = _hints(typing.cast(typing.Hashable, type(obj)))
-    for f in dataclasses.fields(obj):
-        value, key = getattr(obj, f.name), prefix + f.name
-        for rule in _rules(hints[f.name]):
+    for name, rules, nests in _declared(typing.cast(typing.Hashable, type(obj))):
+        value, key = getattr(obj, name), prefix + name
+        for rule in rules:
             if isinstance(rule, Range) and (line := rule.problem(key, value)):
-                raise ConfigError(line, (f.name,))
+                raise ConfigError(line, (name,))
             if isinstance(rule, Output) and value:
                 check_writable(key, value, rule)
+        if not nests:
+            continue
         inner = value.items() if isinstance(value, dict) else [("", value)]
-        for name, v in inner:
+        for sub, v in inner:
             if dataclasses.is_dataclass(v) and not isinstance(v, type):
-                check_declared(v, f"{key}.{name}." if name else f"{key}.")
+                check_declared(v, f"{key}.{sub}." if sub else f"{key}.")
 
 
 def type_problem(value: Any, hint: Any) -> tuple[tuple[Any, ...], str] | None:
