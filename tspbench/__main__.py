@@ -34,7 +34,7 @@ from tspbench import cli
 from tspbench.cli import CONF_DIR
 from tspbench.config import ConfigError
 from tspbench.record.spec import RunSpec
-from tspbench.run.checks import EXIT_RULE, grid_outcome, precheck
+from tspbench.run.checks import EXIT_RULE, grid_outcome, precheck, run_dir_problem
 from tspbench.run.experiment import ExperimentConfig, compose_experiment, register
 from tspbench.run.progress import plan_line
 
@@ -252,13 +252,14 @@ def precheck_argv(argv: list[str]) -> str | None:
 
     flags, argv = config_flags(argv)
     multirun = any(a in ("-m", "--multirun") for a in argv)
-    overrides, skip = [], False
+    overrides: list[str] = []
+    hydra_overrides: list[str] = []
+    skip = False
     for a in argv:
         if skip or a.startswith("-"):
             skip = a in HYDRA_FLAGS_WITH_VALUE
             continue
-        if not a.lstrip("+~").startswith(("hydra.", "hydra/")):
-            overrides.append(a)
+        (hydra_overrides if a.lstrip("+~").startswith(("hydra.", "hydra/")) else overrides).append(a)
     try:
         parsed = OverridesParser.create().parse_overrides(overrides)
     except HydraException as e:
@@ -279,7 +280,7 @@ def precheck_argv(argv: list[str]) -> str | None:
         except ConfigError as e:
             where = f" (in the sweep's point {' '.join(combo)})" if len(combos) > 1 else ""
             return f"{e}{where}"
-    return None
+    return run_dir_problem(hydra_overrides, multirun)  # the directory Hydra makes next
 
 
 def _in_multirun() -> bool:

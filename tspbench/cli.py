@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 from hydra.core.config_store import ConfigStore
 
-from tspbench.config import ConfigError, ModelConfig
+from tspbench.config import ConfigError, ModelConfig, check_declared
 from tspbench.paths import conf_dir
 
 T = TypeVar("T")
@@ -109,13 +109,15 @@ def compose(config_name: str, overrides: list[str]) -> Any:
         with initialize_config_dir(str(CONF_DIR), version_base=None):
             cfg = hydra_compose(config_name, overrides=overrides)
         check_keys(cfg)
-        return OmegaConf.to_object(cfg)
+        obj = OmegaConf.to_object(cfg)
     except (HydraException, OmegaConfBaseException) as e:
         try:
             line = explain(e, cfg_type(config_name))
         except Exception:  # noqa: BLE001 - explaining must never turn a user's mistake into a traceback
             line = one_line(e)
         raise ConfigError(line) from None
+    check_declared(obj)  # each numeric field's declared Range, each Output path writable
+    return obj
 
 
 def cfg_type(config_name: str) -> type | None:
@@ -331,7 +333,8 @@ def presets(group: str) -> str:
 def parse_options(cls: type[T], argv: list[str], positional: str | None = None) -> T:
     """`key=value` arguments → an instance of the dataclass `cls`, each value converted to its field's type (int,
     float, bool as true/false, str, lists as `a,b` or `[a,b]`, `null` for an optional field). Bare arguments fill
-    the list field `positional` when the command has one. ConfigError with one line for anything else."""
+    the list field `positional` when the command has one; then every field against its declared Range and Output
+    (config.check_declared). ConfigError with one line for anything else."""
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls) if f.name != positional]  # type: ignore[arg-type]
     values: dict[str, Any] = {}
@@ -348,7 +351,9 @@ def parse_options(cls: type[T], argv: list[str], positional: str | None = None) 
         values[key] = _convert(key, raw, hints[key])
     if positional is not None:
         values[positional] = bare
-    return cls(**values)
+    obj = cls(**values)
+    check_declared(obj)  # each numeric field's declared Range, each Output path writable
+    return obj
 
 
 def _convert(key: str, raw: str, hint: Any) -> Any:

@@ -12,10 +12,10 @@ from __future__ import annotations
 import json
 import sys
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
 from tspbench import cli
-from tspbench.config import ConfigError, ModelConfig
+from tspbench.config import ConfigError, ModelConfig, Range
 from tspbench.parallel import ParallelConfig
 
 EXAMPLES = [
@@ -30,18 +30,18 @@ class EstimateConfig(ParallelConfig):
     """One estimated step; the layout fields are ParallelConfig's."""
 
     scheme: str = "tsp"
-    degree: int = 8
+    degree: Annotated[int, Range(1)] = 8
     model: ModelConfig = field(default_factory=ModelConfig)
     """Model: a preset (`model=llama7b|llama3_8b|small|tiny`, conf/model) or field overrides (`model.n_layers=4`)."""
-    seq_len: int = 4096
+    seq_len: Annotated[int, Range(1)] = 4096
     """Tokens per sequence S."""
-    batch: int = 1
+    batch: Annotated[int, Range(1)] = 1
     """Micro-batch B per replica."""
     mode: str = "train"
     """train (forward + backward + AdamW) | forward."""
     dtype: str = "bfloat16"
     """Parameter/compute dtype: float64 | float32 | bfloat16 (16-bit: AdamW on fp32 master copies, k = 16 B/param)."""
-    rank: int = 0
+    rank: Annotated[int, Range(0)] = 0
     """The rank traced (ranks of one scheme are symmetric)."""
     hardware: Any = None
     """Hardware profile (`hardware=mi300x|h100|h200|cpu`, conf/hardware): its capacity decides `oom`, and `cpu`

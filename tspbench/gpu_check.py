@@ -12,9 +12,10 @@ import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 
 from tspbench import cli
-from tspbench.config import ConfigError
+from tspbench.config import ConfigError, Output
 from tspbench.record.store import write_json
 
 
@@ -37,7 +38,7 @@ class GpuCheckConfig:
     """Hardware profile (conf/hardware/NAME.yaml) whose bf16 peak the efficiencies divide; names the file. auto:
     the profile whose device_names match torch.cuda.get_device_name() (refused when none does); an explicit
     profile that does not name the device is refused too, so one part's timings are never filed as another's."""
-    calibration_out: str = "."
+    calibration_out: Annotated[str, Output(dir=True)] = "."
     """Directory for NAME.calibration.json (commit it beside conf/hardware/NAME.yaml to make the time model use
     it)."""
 

@@ -13,9 +13,10 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 
 from tspbench import cli
-from tspbench.config import ConfigError
+from tspbench.config import ConfigError, Output
 from tspbench.paper.changes import changes_markdown
 from tspbench.paper.headline import headline_markdown
 
@@ -26,7 +27,7 @@ START, END = "<!-- headline:start -->\n", "\n<!-- headline:end -->"
 class HeadlineConfig:
     """`python -m tspbench.headline`: where the block goes besides the terminal."""
 
-    readme: str | None = None
+    readme: Annotated[str | None, Output(exists=True, hint="the README to rewrite (e.g. readme=README.md)")] = None
     """Rewrite the block between this file's headline markers (e.g. README.md); null: print only."""
     changes: bool = False
     """Print the before → after table of the fair-fight changes instead of the headline (readme must be null)."""
@@ -48,8 +49,6 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         hc = cli.parse_options(HeadlineConfig, argv)
-        if hc.readme and not Path(hc.readme).is_file():
-            raise ConfigError(f"readme={hc.readme} does not exist; give the README to rewrite (e.g. readme=README.md)")
         text = Path(hc.readme).read_text() if hc.readme else ""
         if hc.readme and (START not in text or END not in text):
             raise ConfigError(f"readme={hc.readme} has no headline markers ({START.strip()} … {END.strip()})")

@@ -24,9 +24,10 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated
 
 from tspbench import cli
-from tspbench.config import GB, ConfigError
+from tspbench.config import GB, ConfigError, Output, Range
 from tspbench.parallel import MLP_EXCHANGES, RECOMPUTE, SCHEMES, SP_VARIANTS, VOCAB, LayoutOptions, scheme
 from tspbench.predict.maxfit import SEQ_MULTIPLE
 from tspbench.predict.planner import (
@@ -49,22 +50,22 @@ class PlanConfig:
 
     model: str = "llama7b"
     """Model preset, conf/model/NAME.yaml."""
-    seq_len: int = 131072
+    seq_len: Annotated[int, Range(1)] = 131072
     """Tokens per sequence S."""
-    gpus: int = 8
+    gpus: Annotated[int, Range(1)] = 8
     """Devices in the cluster; dp = gpus / group size fills it."""
     hardware: str = "mi300x"
     """Device profile, conf/hardware/NAME.yaml."""
     overlap: str = "schedule"
     """none | ideal | schedule: communication added to compute, hidden ideally, or as the code's issue order
     allows (docs/method.md#choice-overlap)."""
-    batches: list[int] = field(default_factory=lambda: list(BATCHES))
+    batches: Annotated[list[int], Range(1)] = field(default_factory=lambda: list(BATCHES))
     """Micro-batch sizes to try (sequences per replica)."""
-    max_degree: int = MAX_DEGREE
+    max_degree: Annotated[int, Range(1)] = MAX_DEGREE
     """Largest group size tried."""
-    top: int = 10
+    top: Annotated[int, Range(1)] = 10
     """Layouts printed."""
-    out: str | None = None
+    out: Annotated[str | None, Output()] = None
     """Write one JSONL record per fitting layout there (docs/records.md#plan-records), atomically; null: none."""
     schemes: list[str] = field(default_factory=lambda: list(PLAN_ORDER))
     """Schemes enumerated (tspbench.parallel.SCHEMES)."""
@@ -74,13 +75,13 @@ class PlanConfig:
     """tp_sp with Megatron-SP on T (true) and/or the plain ablation (false)."""
     vocabs: list[str] = field(default_factory=lambda: ["auto"])
     """Embedding / LM-head layouts: auto | replicated | ring (ring: tsp only)."""
-    kv_bucket_heads: list[int] = field(default_factory=lambda: [0])
+    kv_bucket_heads: Annotated[list[int], Range(0)] = field(default_factory=lambda: [0])
     """tsp's KV heads per K/V all-gather (0: one all-gather per owner)."""
     mlp_exchanges: list[str] = field(default_factory=lambda: ["ring"])
     """tsp's MLP weight exchange: ring | biring | broadcast."""
     regather_kvs: list[bool] = field(default_factory=lambda: [True])
     """tsp: backward re-gathers K/V (true) and/or keeps the ones gathered last (false)."""
-    dp_shards: list[int] = field(default_factory=lambda: [1])
+    dp_shards: Annotated[list[int], Range(1)] = field(default_factory=lambda: [1])
     """fsdp_sp: replicas one FSDP shard group spans (1: HSDP within the replica; values not dividing dp skipped)."""
     fit: bool = False
     """What fits instead of a ranking: the longest sequence of each scheme and option set per recompute mode, the term
@@ -89,7 +90,7 @@ class PlanConfig:
     """With fit=true: the largest model of this family that trains at seq_len (llama2 | llama3 | presets)."""
     recomputes: list[str] = field(default_factory=lambda: list(RECOMPUTE))
     """With fit=true: activation-recompute modes (none | selective | full)."""
-    seq_multiple: int = SEQ_MULTIPLE
+    seq_multiple: Annotated[int, Range(1)] = SEQ_MULTIPLE
     """With fit=true: sequence lengths searched are multiples of this and of the layout's zigzag 2·Σ."""
 
 
@@ -114,8 +115,6 @@ def request(pc: PlanConfig) -> PlanRequest:
         bad = [v for v in values if v not in allowed]
         if bad or not values:
             raise ConfigError(f"{key}={','.join(values)}: each must be one of {', '.join(allowed)}")
-    if any(b < 0 for b in pc.kv_bucket_heads) or any(b < 1 for b in [*pc.batches, *pc.dp_shards]):
-        raise ConfigError("kv_bucket_heads must be ≥ 0, batches and dp_shards ≥ 1")
     for v in pc.vocabs:  # a value no enumerated scheme takes would silently enumerate nothing
         if not any(v in scheme(s).vocabs for s in pc.schemes):
             raise ConfigError(f"vocabs={v} is taken by none of schemes={','.join(pc.schemes)}")
@@ -185,10 +184,6 @@ def fit_main(pc: PlanConfig, req: PlanRequest) -> int:
     bad = [r for r in pc.recomputes if r not in RECOMPUTE]
     if bad or not pc.recomputes:
         raise ConfigError(f"recomputes={','.join(pc.recomputes)}: each must be one of {', '.join(RECOMPUTE)}")
-    if pc.seq_multiple < 1:
-        raise ConfigError(f"seq_multiple={pc.seq_multiple} must be ≥ 1")
-    if pc.gpus < 1 or pc.max_degree < 1:
-        raise ConfigError(f"gpus={pc.gpus} and max_degree={pc.max_degree} must be ≥ 1")
     batch = pc.batches[0]
     capacity = maxfit.FitRequest(req.model, pc.hardware, pc.gpus).capacity  # an unknown profile: one line here
     rule = fit_line(req).replace("Fits: ", "Fit rule: ").replace("device memory", f"{capacity / GB:.0f} GB")

@@ -13,10 +13,10 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from tspbench import cli
-from tspbench.config import GIB_TO_GB, ConfigError
+from tspbench.config import GIB_TO_GB, ConfigError, Output
 from tspbench.predict.costmodel.memory import ALLOCATOR_RESERVE
 from tspbench.predict.fit import ReserveFit, annotate_fitted, fit_reserve, fit_summaries, fits, fitted_validation
 from tspbench.predict.published import LONG_SEQ, default_files, load_rows, record, summary
@@ -151,9 +151,9 @@ class ValidateConfig:
 
     files: list[str] = field(default_factory=list)
     """Published-measurement YAML files, shaped like conf/published/*.yaml (default: every file there)."""
-    out: str = "results/validation.jsonl"
+    out: Annotated[str, Output()] = "results/validation.jsonl"
     """JSONL file the validation records are written to (docs/records.md#validation-records), atomically."""
-    peers_out: str = ""
+    peers_out: Annotated[str, Output()] = ""
     """JSONL file the peers' estimates beside ours are written to (docs/records.md#peer-estimate-records), atomically;
     "" (default): peers.jsonl beside `out`."""
 

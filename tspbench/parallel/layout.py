@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Annotated, Any
 
-from tspbench.config import ConfigError, ModelConfig
+from tspbench.config import ConfigError, ModelConfig, Range
 
 SP_VARIANTS = ("allgather", "ring", "ulysses")
 """K/V exchange of token-sharded schemes (docs/method.md#choice-sp-variant, #ulysses)."""
@@ -145,19 +145,19 @@ class ParallelConfig:
 
     scheme: str = "single"
     """One of single | tp | tp_msp | sp | tp_sp | fsdp_sp | tsp (tspbench.parallel.SCHEMES)."""
-    degree: int = 1
+    degree: Annotated[int, Range(1)] = 1
     """Ranks per model replica (the group size): T for tp/tp_msp, Σ for sp and fsdp_sp, T·Σ for tp_sp, D for
     tsp."""
-    tp: int = 0
+    tp: Annotated[int, Range(0, note="0: auto")] = 0
     """tp_sp only: tensor degree T (Σ = degree / T). 0 picks the largest T ≤ √degree dividing degree."""
-    dp: int = 1
+    dp: Annotated[int, Range(1)] = 1
     """Data-parallel replicas; world size = dp × degree."""
     sp_variant: str = "allgather"
     """Schemes with a K/V exchange (sp, tp_sp's Σ axis, fsdp_sp): how attention sees the whole sequence: allgather
     (K/V all-gather, zigzag; default) | ring (peer-to-peer K/V hops, online softmax) | ulysses (DeepSpeed-Ulysses:
     all-to-all from token shards to head shards and back; n_heads and n_kv_heads divisible by Σ, by T·Σ in tp_sp;
     docs/method.md#ulysses)."""
-    kv_bucket_heads: int = 0
+    kv_bucket_heads: Annotated[int, Range(0, note="0: one all-gather per owner")] = 0
     """tsp only: KV heads per K/V all-gather in the attention owner loop (head buckets: bucket b+1's all-gather is in
     flight while bucket b's attention runs; smaller buckets bound the gathered K/V buffer). 0: all of an owner's
     KV heads in one all-gather (docs/method.md#tsp-attention)."""
@@ -182,7 +182,7 @@ class ParallelConfig:
     """tsp only: backward re-gathers each owner's K/V (true, default: communication, not memory) or keeps the ones
     gathered last (false: under recompute=full the replay's, for the layer being differentiated; otherwise the
     forward's, for every layer) — a memory–communication trade (docs/method.md#choice-backward)."""
-    dp_shard: int = 1
+    dp_shard: Annotated[int, Range(1)] = 1
     """fsdp_sp only: data-parallel replicas one FSDP shard group spans (HSDP, torchtitan's dp_shard): 1 shards every
     weight within its replica's Σ ranks and replicates across replicas (default); dp shards over all dp × Σ ranks
     (plain FSDP). Must divide dp (docs/method.md#fsdp-sp)."""

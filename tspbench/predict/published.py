@@ -30,13 +30,13 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import yaml
 
-from tspbench.config import GIB, ModelConfig
+from tspbench.config import GIB, ConfigError, ModelConfig, Range, check_mapping
 from tspbench.parallel import RECOMPUTE, ParallelConfig
 from tspbench.paths import conf_dir
 from tspbench.predict.costmodel import Workload, cluster_throughput, flops_per_token, memory_breakdown
@@ -62,15 +62,15 @@ class Row:
     """calibration or validation, fixed in the file before any error was computed."""
     hardware: str
     """conf/hardware/<name>.yaml profile."""
-    gpus: int
+    gpus: Annotated[int, Range(1)]
     """GPUs of the measured job."""
     model: dict[str, Any]
     """ModelConfig fields (a name from the file's `models:` table is resolved on load)."""
     layout: dict[str, Any]
     """scheme, degree (and tp, sp_variant); fsdp: true when the source sharded parameters with FSDP."""
-    seq_len: int
+    seq_len: Annotated[int, Range(1)]
     """Sequence length, tokens."""
-    micro_batch: int
+    micro_batch: Annotated[int, Range(1)]
     """Sequences per micro-batch per replica."""
     recompute: str
     """none, selective or full (the source's mode mapped onto ours; see notes), or a published framework's policy the
@@ -78,13 +78,13 @@ class Row:
     op-level selective activation checkpointing; LAYER_SAC, its per-layer one): ROW_RECOMPUTE."""
     precision: str
     """bf16 (in scope) or what the source used."""
-    measured: dict[str, float]
+    measured: Annotated[dict[str, float], Range(0, above=True)]
     """Published numbers: tokens_per_s_per_gpu, mfu_pct, peak_mem_gib, step_s (iteration time of the whole job).
     A published number in another form (e.g. model_tflops_per_gpu, tokens_per_s_job, peak_mem_gb when the source
-    prints GB) is kept under its own key, copied as published: it is recorded, never compared (the record says
-    so per quantity), never converted into one of the four. The one exception is an exact unit (EXACT_UNITS:
-    peak_mem_bytes), which `load_rows` turns into its quantity by arithmetic alone, keeping the printed number in
-    `published_as`."""
+    prints GB: PUBLISHED_FORMS) is kept under its own key, copied as published: it is recorded, never compared (the
+    record says so per quantity), never converted into one of the four. The one exception is an exact unit
+    (EXACT_UNITS: peak_mem_bytes), which `load_rows` turns into its quantity by arithmetic alone, keeping the printed
+    number in `published_as`. Any other key (MEASURED_KEYS) is refused, and every value must be > 0."""
     flops: str = "palm"
     """FLOPs convention of the published MFU: palm (6N + 12·L·h·S per token) or megatron_eq3 (Narayanan et al.
     2021, Eq. 3: the blocks' GEMMs ×4, recompute forward included, + the LM head's 6·V·h)."""
@@ -137,45 +137,138 @@ ROW_RECOMPUTE = (*RECOMPUTE, *PUBLISHED_POLICIES, LAYER_SAC)
 per-layer SAC (LAYER_SAC, priced here)."""
 
 
+PUBLISHED_FORMS = ("model_tflops_per_gpu", "tokens_per_s_job", "peak_mem_gb")
+"""Published numbers in a form the cost model does not predict: recorded as published, never compared."""
+MEASURED_KEYS = (*QUANTITIES, *PUBLISHED_FORMS, *EXACT_UNITS)
+"""The keys a row's `measured` may hold; any other (a misspelt quantity) is refused."""
+LAYOUT_EXTRA: dict[str, Any] = {"fsdp": bool, "overlap": str}
+"""A row's `layout` keys besides ParallelConfig's fields."""
+
+
 def load_rows(paths: list[Path]) -> list[Row]:
-    """Every row of the files, with model names resolved; a bad field raises one actionable ValueError."""
+    """Every row of the files, model names resolved, each checked against the typed schema (Row's fields, with the
+    models' ModelConfig and the layouts' ParallelConfig: types, declared ranges, allowed values, unique ids); a
+    mistake raises ConfigError with one line naming the file and line."""
     rows: list[Row] = []
+    seen: dict[str, str] = {}
     for path in paths:
-        doc = yaml.safe_load(path.read_text()) or {}
-        models = doc.get("models", {})
-        for raw in doc.get("rows", []):
-            raw = dict(raw)
-            if isinstance(raw.get("model"), str):
-                name = raw["model"]
-                if name not in models:
-                    raise ValueError(f"{path}: row {raw.get('id')}: model={name!r} is not in the file's models:")
-                raw["model"] = dict(models[name], name=name)
-            if raw.get("subset") not in SUBSETS:
-                raise ValueError(f"{path}: row {raw.get('id')}: subset={raw.get('subset')!r}; allowed: {SUBSETS}")
-            problem = exact_units(raw)
-            if problem:
-                raise ValueError(f"{path}: row {raw.get('id')}: {problem}")
-            publishes_memory = any(k.startswith("peak_mem") for k in raw.get("measured", {}))
-            if publishes_memory and raw.get("memory_kind") not in MEMORY_KINDS:  # unstated or free text (older files)
-                said = raw.get("memory_kind")
-                raw["memory_kind"] = "unknown"
-                raw["notes"] = (raw.get("notes", "") + f" [memory_kind {said!r} read as unknown]").strip()
-            if raw.get("flops", "palm") not in FLOPS_CONVENTIONS:
-                raise ValueError(
-                    f"{path}: row {raw.get('id')}: flops={raw.get('flops')!r}; allowed: {FLOPS_CONVENTIONS}"
-                )
-            if not raw.get("out_of_scope") and "recompute" in raw and raw["recompute"] not in ROW_RECOMPUTE:
-                raise ValueError(
-                    f"{path}: row {raw.get('id')}: recompute={raw.get('recompute')!r}; allowed: {ROW_RECOMPUTE}"
-                )
-            problem = training_problem(raw.get("training", {})) or stack_problem(raw)
-            if problem:
-                raise ValueError(f"{path}: row {raw.get('id')}: {problem}")
+        doc, node = _document(path)
+        models = doc.get("models") or {}
+        for i, raw in enumerate(doc["rows"]):
+            where = ("rows", i)
             try:
-                rows.append(Row(**raw, file=str(path)))
-            except TypeError as e:
-                raise ValueError(f"{path}: row {raw.get('id')}: {e}") from None
+                row = _row(raw, models, path)
+            except ConfigError as e:
+                rid = raw.get("id") if isinstance(raw, dict) else None
+                at = e.key if e.key[:1] == ("models",) else (*where, *e.key)  # the field's own line
+                raise ConfigError(f"{path}:{_line(node, at)}: row {rid if rid is not None else f'#{i}'}: {e}") from None
+            here = f"{path}:{_line(node, where)}"
+            if row.id in seen:
+                raise ConfigError(f"{here}: row {row.id}: id is already used at {seen[row.id]}; allowed: a unique id")
+            seen[row.id] = here
+            rows.append(row)
     return rows
+
+
+def _document(path: Path) -> tuple[dict[str, Any], yaml.Node]:
+    """A published file's content and its YAML node (which carries the line numbers); ConfigError (one line naming
+    the file and line) when it is not YAML or not a mapping of `models:` and a non-empty list of `rows:`."""
+    loader = yaml.SafeLoader(path.read_text())
+    try:
+        node = loader.get_single_node()
+        doc = loader.construct_document(node) if node is not None else None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
+        raise ConfigError(f"{where}: not YAML: {getattr(e, 'problem', None) or e}") from None
+    finally:
+        loader.dispose()
+    shape = "allowed: a mapping of models: (name → ModelConfig fields) and rows: (a list of rows)"
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{path}:1: not a mapping; {shape}")
+    for key in doc:
+        if key not in ("models", "rows"):
+            raise ConfigError(f"{path}:{_line(node, (key,))}: {key} is not a key; {shape}")
+    if not isinstance(doc.get("rows"), list) or not doc["rows"]:
+        raise ConfigError(f"{path}:{_line(node, ('rows',))}: no rows; {shape}")
+    if not isinstance(doc.get("models") or {}, dict):
+        raise ConfigError(f"{path}:{_line(node, ('models',))}: models is not a mapping; {shape}")
+    return doc, node
+
+
+def _line(node: yaml.Node, keys: tuple[Any, ...]) -> int:
+    """The 1-based line of the deepest key of `keys` found under `node` (a mapping key's own line)."""
+    line = node.start_mark.line
+    for k in keys:
+        if isinstance(node, yaml.MappingNode):
+            pair = next(((kn, vn) for kn, vn in node.value if kn.value == str(k)), None)
+            if pair is None:
+                break
+            line, node = pair[0].start_mark.line, pair[1]
+        elif isinstance(node, yaml.SequenceNode) and isinstance(k, int) and k < len(node.value):
+            node = node.value[k]
+            line = node.start_mark.line
+        else:
+            break
+    return line + 1
+
+
+def _row(raw: Any, models: dict[str, Any], path: Path) -> Row:
+    """One `rows:` entry as a Row, or ConfigError (its `key`: the offending field's path; ("models", name, ...) for
+    a field of the file's models: table)."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{raw!r} is not a mapping of Row fields")
+    raw = dict(raw)
+    if "file" in raw:
+        raise ConfigError("file is set by the loader (the file the row came from), not written in files", ("file",))
+    if isinstance(raw.get("model"), str):
+        name = raw["model"]
+        if name not in models:
+            raise ConfigError(f"model={name!r} is not in the file's models: ({', '.join(models)})", ("model",))
+        if not isinstance(models[name], dict):
+            raise ConfigError(f"models.{name} is not a mapping of ModelConfig fields", ("models", name))
+        try:
+            check_mapping(ModelConfig, models[name], f"models.{name}.")
+        except ConfigError as e:
+            raise ConfigError(str(e), ("models", name, *e.key)) from None
+        raw["model"] = dict(models[name], name=name)
+    check_mapping(Row, raw)  # every key a field, each value of its type and in its declared Range
+    for name, schema, extra in (("model", ModelConfig, None), ("layout", ParallelConfig, LAYOUT_EXTRA)):
+        try:
+            check_mapping(schema, raw.get(name, {}), f"{name}.", extra=extra)
+        except ConfigError as e:
+            raise ConfigError(str(e), (name, *e.key)) from None
+    unknown = [q for q in raw.get("measured", {}) if q not in MEASURED_KEYS]
+    if unknown:
+        raise ConfigError(
+            f"measured.{unknown[0]} is not a published quantity; allowed: {', '.join(MEASURED_KEYS)}",
+            ("measured", unknown[0]),
+        )
+    if raw.get("subset") not in SUBSETS:
+        raise ConfigError(f"subset={raw.get('subset')!r}; allowed: {SUBSETS}", ("subset",))
+    problem = exact_units(raw)
+    if problem:
+        raise ConfigError(problem, ("measured",))
+    publishes_memory = any(k.startswith("peak_mem") for k in raw.get("measured", {}))
+    if publishes_memory and raw.get("memory_kind") not in MEMORY_KINDS:  # unstated or free text (older files)
+        said = raw.get("memory_kind")
+        raw["memory_kind"] = "unknown"
+        raw["notes"] = (raw.get("notes", "") + f" [memory_kind {said!r} read as unknown]").strip()
+    if raw.get("flops", "palm") not in FLOPS_CONVENTIONS:
+        raise ConfigError(f"flops={raw.get('flops')!r}; allowed: {FLOPS_CONVENTIONS}", ("flops",))
+    if not raw.get("out_of_scope") and "recompute" in raw and raw["recompute"] not in ROW_RECOMPUTE:
+        raise ConfigError(f"recompute={raw.get('recompute')!r}; allowed: {ROW_RECOMPUTE}", ("recompute",))
+    problem = training_problem(raw.get("training", {}))
+    if problem:
+        raise ConfigError(problem, ("training",))
+    problem = stack_problem(raw)
+    if problem:
+        raise ConfigError(problem, ("stack",))
+    required = [f.name for f in fields(Row) if f.default is MISSING and f.default_factory is MISSING]
+    missing = [name for name in required if name not in raw]
+    if missing:
+        raise ConfigError(f"missing field(s) {', '.join(missing)}; required: {', '.join(required)}")
+    return Row(**raw, file=str(path))
 
 
 def exact_units(raw: dict[str, Any]) -> str:

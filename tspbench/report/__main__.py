@@ -10,9 +10,10 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated
 
 from tspbench import cli
-from tspbench.config import ConfigError
+from tspbench.config import ConfigError, Output
 from tspbench.record.store import RecordSet, read_all
 from tspbench.report.build import build_report
 
@@ -23,7 +24,7 @@ class ReportConfig:
 
     paths: list[str] = field(default_factory=list)
     """JSONL files or directories (searched for *.jsonl): run, plan and validation records."""
-    out: str | None = None
+    out: Annotated[str | None, Output()] = None
     """HTML path (default reports/report-<timestamp>.html); the .csv and .md exports of the claims go beside it."""
     title: str | None = None
     """The page's title (default: "tspbench report: TSP claims vs these results")."""

@@ -1,9 +1,10 @@
 """Up-front checks of an experiment, before any rank starts: everything one line can refuse, and the exit code.
 
-`precheck` refuses (ConfigError, one line naming the field and its allowed values) what cannot be meant: an
-axis value that no layout accepts (degree, dp, batch, seq_len < 1), a tp_sp tensor degree that divides none of
-the degrees, a `resume_dir` that does not exist, and a grid in which no point could run at all. It decides each
-grid point's fate (tspbench/run/fate.py: measured, estimated and modelled instead, estimated, modelled, or
+`precheck` refuses (ConfigError, one line naming the field and its allowed values) what cannot be meant: a value
+outside its field's declared Range (an empty axis too) or an Output path that cannot be written
+(config.check_declared; `resume_dir` must exist), a tp_sp tensor degree that divides none of the degrees, an empty
+grid, and a grid in which no point could run at all; `run_dir_problem` the directory Hydra would make. It decides
+each grid point's fate (tspbench/run/fate.py: measured, estimated and modelled instead, estimated, modelled, or
 refused) and returns the specs carrying it; "no point could run" is every fate `refused` (a layout
 validate_parallel refuses, or execution=measure without the devices). A grid where only some points are refused
 runs: those points are recorded `invalid` and the exit code says so (`grid_outcome`).
@@ -26,9 +27,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import replace
-from pathlib import Path
 
-from tspbench.config import ConfigError
+from tspbench.config import ConfigError, Output, check_declared, check_writable
 from tspbench.parallel import takes
 from tspbench.record.spec import Fate, RunSpec
 from tspbench.run.experiment import ExperimentConfig, axes, options_of, schemes_of
@@ -47,33 +47,45 @@ EXIT_RULE = (
 def precheck(cfg: ExperimentConfig) -> list[RunSpec]:
     """The grid of `cfg`, each spec carrying its fate, or ConfigError with one line when the experiment cannot be
     meant as typed."""
-    seq_lens, degrees, batches, _modes = axes(cfg)
-    for name, single, values in (
-        ("seq_len", cfg.seq_len, seq_lens),
-        ("degree", cfg.degree, degrees),
-        ("batch", cfg.batch, batches),
-    ):
-        for v in values:
-            if v < 1:
-                key = name if single is not None else f"{name}s"
-                raise ConfigError(f"{key}={v if single is not None else values}: every {name} must be ≥ 1")
-    if cfg.dp < 1:
-        raise ConfigError(f"dp={cfg.dp} must be ≥ 1 (data-parallel replicas; world size = dp × degree)")
+    check_declared(cfg)  # every numeric field in its declared Range (axes non-empty), resume_dir writable
+    _seq_lens, degrees, _batches, _modes = axes(cfg)
     for name in schemes_of(cfg):
         if takes(name, "tp"):  # a 2-D mesh's tensor degree T
             _check_tps(cfg, name, [d for d in degrees if d > 1])
-    if cfg.resume_dir is not None and not Path(cfg.resume_dir).is_dir():
-        raise ConfigError(
-            f"resume_dir={cfg.resume_dir} does not exist; allowed: the directory of an earlier run "
-            "(results/<time>_<exp_name>, the one holding its results.jsonl), or no resume_dir"
-        )
     specs = expand_grid(cfg)
+    if not specs:
+        raise ConfigError(
+            f"the grid has no point (schemes={_list(schemes_of(cfg))}, modes={_list(axes(cfg)[3])}); allowed: "
+            "one or more values on every axis"
+        )
     fates = decide_across_nodes(specs, cfg.nodes, cfg.gpus_per_node) if cfg.nodes > 1 else decide_all(specs)
     reasons = [f.reason for f in fates if f.kind == "refused"]
     if specs and len(reasons) == len(specs):
         more = f" (and {len(specs) - 1} more grid point(s) refused)" if len(specs) > 1 else ""
         raise ConfigError(f"no grid point can run: {reasons[0]}{more}")
     return specs
+
+
+def run_dir_problem(hydra_overrides: list[str], multirun: bool) -> str | None:
+    """The directory Hydra makes for the job (hydra.run.dir, or hydra.sweep.dir under -m: the command line's, else
+    conf/config.yaml's up to its first interpolation) checked writable before Hydra starts: the one line refusing
+    it, or None."""
+    import yaml
+
+    from tspbench.paths import conf_dir
+
+    key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+    given = [o.split("=", 1)[1] for o in hydra_overrides if o.lstrip("+").split("=", 1)[0] == key]
+    if given:
+        value = given[-1]
+    else:
+        hydra = yaml.safe_load((conf_dir() / "config.yaml").read_text())["hydra"]
+        value = hydra["sweep" if multirun else "run"]["dir"].split("${", 1)[0] or "."
+    try:
+        check_writable(key, value, Output(dir=True))
+    except ConfigError as e:
+        return str(e)
+    return None
 
 
 def decide_across_nodes(specs: list[RunSpec], nodes: int, per_node: int) -> list[Fate]:

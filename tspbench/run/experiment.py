@@ -19,9 +19,9 @@ live here because the experiment's own checks need the axes it will run.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
-from tspbench.config import DTYPES, MODES, ConfigError, ModelConfig
+from tspbench.config import DTYPES, MODES, ConfigError, ModelConfig, Output, Range, check_declared
 from tspbench.parallel import AXES, MLP_EXCHANGES, RECOMPUTE, SCHEMES, SP_VARIANTS, VOCAB, scheme, takers, takes
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -29,6 +29,10 @@ EXECUTIONS = ("auto", "measure", "estimate", "model")
 FAULT_KINDS = ("none", "crash", "hang", "oom")
 PAPER_TABLES = ("memory", "throughput", "plausibility", "crossover")
 """The tables tspbench.paper.tables.print_tables knows."""
+RESUME = (
+    "the directory of an earlier run (results/<time>_<exp_name>, the one holding its results.jsonl), or no resume_dir"
+)
+"""What `resume_dir` takes (its Output declaration's hint)."""
 
 
 @dataclass
@@ -37,11 +41,11 @@ class FaultConfig:
 
     kind: str = "none"
     """none | crash (raise in the worker) | hang (sleep forever) | oom (raise torch.OutOfMemoryError)."""
-    rank: int = 0
+    rank: Annotated[int, Range(0)] = 0
     """Global rank that misbehaves (a run whose world is smaller is left alone)."""
     scheme: str | None = None
     """Only runs of this scheme (null: every scheme)."""
-    seq_len: int | None = None
+    seq_len: Annotated[int | None, Range(1)] = None
     """Only runs of this sequence length (null: every length)."""
 
 
@@ -56,13 +60,13 @@ class SchemeOptions:
     vocabs: list[str] = field(default_factory=lambda: ["auto"])
     """Embedding / LM-head layouts to run (ParallelConfig.vocab: auto | replicated | ring, ring for tsp only),
     e.g. `scheme_opts.tsp.vocabs=[auto,ring]` or `scheme_opts.tp.vocabs=[auto,replicated]`."""
-    tps: list[int] = field(default_factory=lambda: [0])
+    tps: Annotated[list[int], Range(0, note="0: auto")] = field(default_factory=lambda: [0])
     """tp_sp: tensor degrees T to run (0 = the largest T ≤ √degree); values that are not proper divisors
     of the degree (1 < T < degree) are skipped, and if none is left T is auto. Ignored elsewhere."""
     msps: list[bool] = field(default_factory=lambda: [True])
     """tp_sp: Megatron-SP on the tensor axis (true, the default) and/or the plain TP × SP ablation (false), e.g.
     `scheme_opts.tp_sp.msps=[true,false]`; ignored by the other schemes (ParallelConfig.msp)."""
-    kv_bucket_heads: list[int] = field(default_factory=lambda: [0])
+    kv_bucket_heads: Annotated[list[int], Range(0)] = field(default_factory=lambda: [0])
     """tsp: KV heads per K/V all-gather to run (ParallelConfig.kv_bucket_heads; 0: one all-gather per owner), e.g.
     `scheme_opts.tsp.kv_bucket_heads=[0,1]`; ignored by the other schemes."""
     mlp_exchanges: list[str] = field(default_factory=lambda: ["ring"])
@@ -71,7 +75,7 @@ class SchemeOptions:
     regather_kvs: list[bool] = field(default_factory=lambda: [True])
     """tsp: backward re-gathers K/V (true) and/or keeps the ones gathered last (false; ParallelConfig.regather_kv);
     ignored by the other schemes."""
-    dp_shards: list[int] = field(default_factory=lambda: [1])
+    dp_shards: Annotated[list[int], Range(1)] = field(default_factory=lambda: [1])
     """fsdp_sp: replicas one FSDP shard group spans (ParallelConfig.dp_shard; 1: within the replica, HSDP; dp: all);
     values that do not divide dp are skipped; ignored by the other schemes."""
 
@@ -89,20 +93,20 @@ class ExperimentConfig:
     scheme_opts: dict[str, SchemeOptions] = field(default_factory=lambda: scheme_defaults())
     """Per-scheme grid options, every registered scheme's from conf/scheme_opts/<name>.yaml
     (`scheme_opts.sp.sp_variants=[ring]`)."""
-    seq_lens: list[int] = field(default_factory=lambda: [64])
+    seq_lens: Annotated[list[int], Range(1)] = field(default_factory=lambda: [64])
     """Sequence-length axis S."""
-    degrees: list[int] = field(default_factory=lambda: [2])
+    degrees: Annotated[list[int], Range(1)] = field(default_factory=lambda: [2])
     """Degree axis: ranks per model replica (T, Σ, T·Σ or D)."""
-    batches: list[int] = field(default_factory=lambda: [1])
+    batches: Annotated[list[int], Range(1)] = field(default_factory=lambda: [1])
     """Micro-batch axis B (sequences per replica per step)."""
     modes: list[str] = field(default_factory=lambda: ["train"])
     """Mode axis: train (forward + backward + AdamW step) | forward (no grad) | decode (serving: a KV-cache prefill
     of seq_len tokens, then one token per step; measured or modelled, never estimated)."""
-    seq_len: int | None = None
+    seq_len: Annotated[int | None, Range(1)] = None
     """If set, replaces `seq_lens` with this one value (what `-m seq_len=64,128` sweeps)."""
-    degree: int | None = None
+    degree: Annotated[int | None, Range(1)] = None
     """If set, replaces `degrees`."""
-    batch: int | None = None
+    batch: Annotated[int | None, Range(1)] = None
     """If set, replaces `batches`."""
     mode: str | None = None
     """If set, replaces `modes`."""
@@ -112,9 +116,9 @@ class ExperimentConfig:
     """If set, replaces the `sp_variants` of every scheme with a K/V exchange (allgather | ring | ulysses)."""
     vocab: str | None = None
     """If set, replaces every scheme's `scheme_opts.<name>.vocabs` (auto | replicated | ring, ring for tsp only)."""
-    tp: int | None = None
+    tp: Annotated[int | None, Range(0, note="0: auto")] = None
     """If set, replaces `scheme_opts.tp_sp.tps` (tp_sp's tensor degree T; 0 = auto); tp_sp only."""
-    kv_bucket_heads: int | None = None
+    kv_bucket_heads: Annotated[int | None, Range(0, note="0: one all-gather per owner")] = None
     """If set, replaces `scheme_opts.tsp.kv_bucket_heads` (KV heads per K/V all-gather; 0: one per owner); tsp only."""
     msp: bool | None = None
     """If set, replaces `scheme_opts.tp_sp.msps` (false: the plain TP × SP ablation); tp_sp only."""
@@ -122,11 +126,11 @@ class ExperimentConfig:
     """If set, replaces `scheme_opts.tsp.mlp_exchanges` (ring | biring | broadcast); tsp only."""
     regather_kv: bool | None = None
     """If set, replaces `scheme_opts.tsp.regather_kvs` (false: backward keeps the K/V gathered last); tsp only."""
-    dp_shard: int | None = None
+    dp_shard: Annotated[int | None, Range(1)] = None
     """If set, replaces `scheme_opts.fsdp_sp.dp_shards` (replicas one FSDP shard group spans); fsdp_sp only."""
-    dp: int = 1
+    dp: Annotated[int, Range(1, note="data-parallel replicas; world size = dp × degree")] = 1
     """Data-parallel replicas per run; world size = dp × degree."""
-    cluster_gpus: int | None = None
+    cluster_gpus: Annotated[int | None, Range(1)] = None
     """Also model every layout of the grid on this many GPUs (dp = cluster_gpus / degree; execution=model, in the
     grid's modes and forward, the mode of the paper's throughput claims): the paper's 1,024-GPU point beside the
     measured or estimated one (tspbench/run/grid.py). null: none."""
@@ -144,33 +148,33 @@ class ExperimentConfig:
     hardware: Any = None
     """Hardware profile for estimated/modelled numbers: a name, or the `hardware/` group's dict (null: cpu for
     device=cpu, else h100)."""
-    seed: int = 0
+    seed: Annotated[int, Range(0)] = 0
     """Seed for weights and the synthetic batch (the same for every scheme)."""
-    warmup_steps: int = 2
+    warmup_steps: Annotated[int, Range(0)] = 2
     """Steps run and discarded before the measured window (allocator, caches, kernels)."""
-    measured_steps: int = 5
+    measured_steps: Annotated[int, Range(1)] = 5
     """Steps in the measured window (decode: tokens decoded in it)."""
-    lr: float = 1e-4
+    lr: Annotated[float, Range(0, above=True)] = 1e-4
     """AdamW learning rate (train mode)."""
     memory_breakdown: bool = True
     """Run one extra, untimed step under MemTracker for the params/grads/optimizer/activations split."""
-    power_sample_s: float = 0.1
+    power_sample_s: Annotated[float, Range(0, above=True)] = 0.1
     """Power-timeline sampling period (NVML/amdsmi; ignored on CPU)."""
-    timeout_s: float = 600.0
+    timeout_s: Annotated[float, Range(0, above=True)] = 600.0
     """Wall-clock limit per run of ranks (launch + warm-up + window); a hung rank group is killed and recorded
     `timeout`."""
-    nodes: int = 1
+    nodes: Annotated[int, Range(1, note="1: this machine; N > 1: a Slurm allocation of N nodes")] = 1
     """Nodes of the Slurm allocation the grid runs on (tspbench/run/slurm.py: one task per node, each node one
     torchrun agent per run; `hydra/launcher=slurm_8gpu` asks Slurm for this many). A measured point whose
     dp × degree is nodes × gpus_per_node spans them, one that fits gpus_per_node runs on the first node alone;
     1: this machine only."""
-    gpus_per_node: int = 8
+    gpus_per_node: Annotated[int, Range(1, note="ranks per node when nodes > 1")] = 8
     """Ranks (GPUs, or CPU ranks with device=cpu) per node when nodes > 1; each node must see at least this many
     devices (checked when the job starts). Ignored when nodes=1 (the devices this machine has)."""
-    control_port: int | None = None
+    control_port: Annotated[int | None, Range(1024, 65535, note="a TCP port, or null: from the job id")] = None
     """With nodes > 1: the TCP port of the first node's control store, which tells the other nodes when to start
     their ranks; None: 20000 + the Slurm job id mod 10000 (set it when two jobs may share a node)."""
-    resume_dir: str | None = None
+    resume_dir: Annotated[str | None, Output(dir=True, exists=True, hint=RESUME)] = None
     """Write records into this existing directory instead of Hydra's run dir, skipping its `ok` runs (a path
     that does not exist is refused)."""
     force: bool = False
@@ -242,8 +246,10 @@ def _one_of(name: str, value: Any, allowed) -> None:
 
 
 def validate_experiment(cfg: ExperimentConfig) -> None:
-    """Experiment-level mistakes (one line each). Layout checks happen per grid point (tspbench/run/fate.py), so
-    one bad degree is recorded `invalid` while the rest of the grid runs."""
+    """Experiment-level mistakes (one line each): every field against its declared Range and Output
+    (config.check_declared), then the names. Layout checks happen per grid point (tspbench/run/fate.py), so one
+    bad degree is recorded `invalid` while the rest of the grid runs."""
+    check_declared(cfg)
     for s in cfg.schemes:
         _one_of("schemes", s, SCHEMES)
     if cfg.scheme is not None:
@@ -292,26 +298,8 @@ def validate_experiment(cfg: ExperimentConfig) -> None:
         for v in opts.vocabs:
             _one_of(f"scheme_opts.{name}.vocabs", v, VOCAB)
             _one_of(f"scheme_opts.{name}.vocabs", v, scheme(name).vocabs)
-        for k in opts.kv_bucket_heads:
-            if k < 0:
-                raise ConfigError(f"scheme_opts.{name}.kv_bucket_heads={k} must be ≥ 0 (0: one all-gather per owner)")
         for v in opts.mlp_exchanges:
             _one_of(f"scheme_opts.{name}.mlp_exchanges", v, MLP_EXCHANGES)
-        for k in opts.dp_shards:
-            if k < 1:
-                raise ConfigError(f"scheme_opts.{name}.dp_shards={k} must be ≥ 1 (replicas one FSDP shard group spans)")
-    if cfg.warmup_steps < 0 or cfg.measured_steps < 1:
-        raise ConfigError(f"warmup_steps={cfg.warmup_steps} must be ≥ 0 and measured_steps={cfg.measured_steps} ≥ 1")
-    if cfg.timeout_s <= 0:
-        raise ConfigError(f"timeout_s={cfg.timeout_s} must be > 0")
-    if cfg.nodes < 1:
-        raise ConfigError(f"nodes={cfg.nodes} must be ≥ 1 (1: this machine; N > 1: a Slurm allocation of N nodes)")
-    if cfg.control_port is not None and not 1024 <= cfg.control_port <= 65535:
-        raise ConfigError(
-            f"control_port={cfg.control_port} must be a TCP port in 1024..65535, or null (from the job id)"
-        )
-    if cfg.gpus_per_node < 1:
-        raise ConfigError(f"gpus_per_node={cfg.gpus_per_node} must be ≥ 1 (ranks per node when nodes > 1)")
 
 
 # ------------------------------------------------------------------------------------------------ Hydra

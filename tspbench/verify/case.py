@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
+from typing import Annotated
 
 import torch
 
-from tspbench.config import DTYPES, ConfigError, ModelConfig
+from tspbench.config import DTYPES, ConfigError, ModelConfig, Range, check_declared
 from tspbench.parallel import ParallelConfig, validate_parallel
 
 TOL = {"float64": 1e-10, "float32": 2e-4, "bfloat16": 5e-2}
@@ -32,26 +33,26 @@ class VerifyConfig(ParallelConfig):
     (`scheme=tsp degree=4 dp=2 model.n_kv_heads=2 seq_len=64`); the layout fields are ParallelConfig's."""
 
     scheme: str = "tsp"
-    degree: int = 2
+    degree: Annotated[int, Range(1)] = 2
     model: ModelConfig = field(default_factory=ModelConfig)
     """Model dimensions: a preset (`model=tiny|small|llama7b|llama3_8b`, conf/model) or field overrides
     (`model.n_kv_heads=2`)."""
-    seq_len: int = 32
+    seq_len: Annotated[int, Range(1)] = 32
     """Sequence length S (zigzag needs S divisible by 2·Σ)."""
-    batch: int = 2
+    batch: Annotated[int, Range(1)] = 2
     """Micro-batch per replica."""
     dtype: str = "float64"
     """float64 (parity), float32, bfloat16 (smoke); tolerances in tspbench.verify.case.TOL."""
-    seed: int = 0
+    seed: Annotated[int, Range(0)] = 0
     """Seed for weights and data."""
     device: str = "cpu"
     """cpu (gloo) | cuda (nccl)."""
     optimizer_step: bool = True
     """Also compare parameters after one AdamW step (float64 only; see the module docstring)."""
-    grad_bucket_elems: int = 0
+    grad_bucket_elems: Annotated[int, Range(0, note="0: the default, 2^25")] = 0
     """Gradient-sync bucket size in elements (0: the default, 2^25); a small value makes every bucketing path
     run at test sizes (a lone gradient reduced in place, several gradients packed in one buffer)."""
-    decode_steps: int = 0
+    decode_steps: Annotated[int, Range(0, note="0: training parity")] = 0
     """Serving instead of training: prefill seq_len tokens into a KV cache, then decode this many tokens one
     at a time, comparing the prefill and every decode step's logits with the reference (tspbench/verify/serve.py)."""
     greedy: bool = False
@@ -60,12 +61,11 @@ class VerifyConfig(ParallelConfig):
     single-device model's greedy tokens exactly and every step's logits within the dtype tolerance."""
 
     def validate(self) -> None:
+        check_declared(self)  # each numeric field's declared Range
         if self.dtype not in DTYPES:
             raise ConfigError(f"dtype={self.dtype!r} is unknown; allowed: {', '.join(DTYPES)}")
         if self.device not in ("cpu", "cuda"):
             raise ConfigError(f"device={self.device!r} is unknown; allowed: cpu, cuda")
-        if self.decode_steps < 0:
-            raise ConfigError(f"decode_steps={self.decode_steps} must be ≥ 0 (0: training parity)")
         if self.greedy and self.decode_steps == 0:
             raise ConfigError("greedy=true needs decode_steps ≥ 1 (the number of greedily generated tokens)")
         if self.device == "cuda" and torch.cuda.device_count() < self.parallel().world_size:
