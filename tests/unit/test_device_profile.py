@@ -81,7 +81,7 @@ def h100_name(monkeypatch) -> str:
 
 
 def test_a_measured_h100_record_says_h100_and_the_report_draws_it_there(h100_name):
-    """Done-when of issue 32 item 3: an H100 run of an mi300x-modelled experiment is an h100 record, drawn in the
+    """An H100 run of an mi300x-modelled experiment is an h100 record, drawn in the
     h100 panel with an 80 GB capacity line (the old code stamped mi300x and drew 192 GB)."""
     assert h100_name == H100
     rec = measured(spec(), h100_name)
