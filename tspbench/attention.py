@@ -54,7 +54,8 @@ def check_contract(family: str, q, k, v, do=None, o=None, lse=None) -> None:
     head dim, K/V heads dividing the query heads; for the CUDA flash family also a 16-bit dtype and a head dim that
     is a multiple of 8 and at most 256) or what its backward reads without checking: `o` and `do` shaped and typed
     as `q`, and `lse` a contiguous [B, H, L_q] in float32 (float64 beside float64 inputs), since the kernel indexes
-    it from its data pointer (docs/method.md#gpu-review, finding 2). Checked on every device, the CPU path too."""
+    it from its data pointer (GPU review finding 2). Checked on every device, the CPU path too
+    (docs/method.md#gpu-rules)."""
     named = {"q": q, "k": k, "v": v, "do": do, "o": o, "lse": lse}
     given = {n: t for n, t in named.items() if t is not None}
 
@@ -122,8 +123,8 @@ def attention_lse_backward(
     """dq, dk, dv of one block given the (possibly merged) output and log-sum-exp of the whole row.
     `lse`, `o` and `do` may be head or chunk slices of the whole row's: the CUDA flash backward reads the
     log-sum-exp as a contiguous [B, H, L_q] (PyTorch makes only `out` and `grad_out` contiguous), so all three are
-    made contiguous here (a no-op when they already are; docs/method.md#gpu-review, finding 2), then the kernel's
-    contract is checked on what the kernel will get (`check_contract`)."""
+    made contiguous here (a no-op when they already are; GPU review finding 2), then the kernel's contract is
+    checked on what the kernel will get (`check_contract`, docs/method.md#gpu-rules)."""
     do, o, lse = _kernel_layout(do, o, lse)
     family = kernel_family(q)
     check_contract(family, q, k, v, do, o, lse)

@@ -14,7 +14,7 @@ from tspbench.run.worker import strict_requested
     [
         ({}, False),
         ({"CI": "true"}, True),
-        ({"PYTEST_CURRENT_TEST": "tests/x.py::t (call)"}, True),
+        ({"PYTEST_CURRENT_TEST": "test_x (call)"}, True),
         ({"TSPBENCH_STRICT": "1"}, True),
         ({"TSPBENCH_STRICT": "0", "CI": "true"}, False),
     ],

@@ -310,7 +310,7 @@ def first_token_logits(pm, logits: torch.Tensor, at: int | None) -> torch.Tensor
     """The prefill's logits at the prompt's last position, [B, 1, V] on every rank: taken on the rank that holds it
     (local index `at`, None elsewhere), summed over the sequence group (the others add zeros), the vocabulary
     gathered where it is split. A contiguous copy: NCCL refuses the strided slice and gloo reduced the wrong memory
-    at B > 1 (docs/method.md#gpu-review, finding 1; tspbench.verify checks these logits)."""
+    at B > 1 (docs/method.md#gpu-rules, GPU review finding 1; tspbench.verify checks these logits)."""
     first = logits[:, at : at + 1].contiguous() if at is not None else logits.new_zeros(logits[:, :1].shape)
     if pm.seq is not None:
         pm.seq.check("all_reduce", "prefill:first_token", first, reduce_op="sum")
