@@ -15,12 +15,15 @@ piece's share of dq, dk, dv (the flash-attention identity ring attention relies 
 
 Kernels (`kernel_family`): the CPU flash kernel (every dtype, GQA native), CUDA/ROCm flash for 16-bit (GQA
 native), CUDA memory-efficient attention for fp32 (K/V heads repeated for GQA, as SDPA does), and a
-differentiable math path for any other device. This module imports nothing from torch.distributed.
+differentiable math path for any other device. Every call first checks the CUDA flash kernel's input contract
+(`check_contract`), on every device, so a CPU run refuses what the GPU kernel would refuse or misread
+(docs/method.md#gpu-rules). This module imports nothing from torch.distributed.
 """
 
 from __future__ import annotations
 
 import math
+from typing import NoReturn
 
 import torch
 import torch.nn.functional as F
@@ -37,10 +40,62 @@ def kernel_family(q: torch.Tensor) -> str:
     return "flash" if q.dtype in (torch.float16, torch.bfloat16) else "efficient"
 
 
+class KernelContractError(ValueError):
+    """Attention inputs that break the flash kernels' contract (`check_contract`)."""
+
+
+def _spell(name: str, t: torch.Tensor) -> str:
+    return f"{name}: shape {tuple(t.shape)}, stride {tuple(t.stride())}, {t.dtype}, {t.device}"
+
+
+def check_contract(family: str, q, k, v, do=None, o=None, lse=None) -> None:
+    """Raise KernelContractError naming the tensor and the rule if the attention inputs break what PyTorch's flash
+    API checks (flash_api.cpp mha_fwd / mha_bwd: same dtype and device, last dim of stride 1, one batch size and
+    head dim, K/V heads dividing the query heads; for the CUDA flash family also a 16-bit dtype and a head dim that
+    is a multiple of 8 and at most 256) or what its backward reads without checking: `o` and `do` shaped and typed
+    as `q`, and `lse` a contiguous [B, H, L_q] in float32 (float64 beside float64 inputs), since the kernel indexes
+    it from its data pointer (GPU review finding 2). Checked on every device, the CPU path too
+    (docs/method.md#gpu-rules)."""
+    named = {"q": q, "k": k, "v": v, "do": do, "o": o, "lse": lse}
+    given = {n: t for n, t in named.items() if t is not None}
+
+    def refuse(name: str, rule: str) -> NoReturn:
+        raise KernelContractError(f"attention kernel contract ({family}): {rule}; {_spell(name, given[name])}")
+
+    for n, t in given.items():
+        if t.device != q.device:
+            refuse(n, f"{n} must be on q's device {q.device}")
+        if n != "lse" and t.dtype != q.dtype:
+            refuse(n, f"{n} must have q's dtype {q.dtype}")
+        if n != "lse" and (t.dim() != 4 or t.stride(-1) != 1):
+            refuse(n, f"{n} must be 4-D [B, H, L, d] with a last dim of stride 1 ('contiguous last dimension')")
+    b, h, lq, d = q.shape
+    if b == 0:
+        refuse("q", "the batch must not be empty")
+    if k.shape != v.shape or k.shape[0] != b or k.shape[3] != d:
+        refuse("k", f"k and v must be [B={b}, H_kv, L_k, d={d}], the same shape (v: {tuple(v.shape)})")
+    if h % k.shape[1]:
+        refuse("k", f"the KV heads ({k.shape[1]}) must divide the query heads ({h}) (GQA)")
+    if family == "flash" and (q.dtype not in (torch.float16, torch.bfloat16) or d % 8 or d > 256):
+        refuse("q", "the CUDA flash kernel takes float16/bfloat16 with a head dim that is a multiple of 8, ≤ 256")
+    if lse is not None:
+        if lse.shape != (b, h, lq) or not lse.is_contiguous():
+            refuse(
+                "lse", f"lse must be a contiguous [B, H, L_q] = {(b, h, lq)}: the kernel reads it from its data pointer"
+            )
+        if lse.dtype not in (torch.float32, torch.promote_types(q.dtype, torch.float32)):
+            refuse("lse", f"lse must be float32 (or float64 beside float64 inputs), not {lse.dtype}")
+    for n in ("do", "o"):
+        t = given.get(n)
+        if t is not None and (t.shape != q.shape or not t.is_contiguous()):
+            refuse(n, f"{n} must be contiguous and shaped as q {tuple(q.shape)}")
+
+
 def attention_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> tuple[torch.Tensor, ...]:
     """(o [B, n_q, L_q, d], lse [B, n_q, L_q] fp32, *kernel state for the backward). No autograd graph.
     `causal` is only ever asked of square blocks (module docstring). k, v may have fewer heads (GQA)."""
     family = kernel_family(q)
+    check_contract(family, q, k, v)
     if family == "cpu":
         o, lse = aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal)
         return o, lse
@@ -68,9 +123,11 @@ def attention_lse_backward(
     """dq, dk, dv of one block given the (possibly merged) output and log-sum-exp of the whole row.
     `lse`, `o` and `do` may be head or chunk slices of the whole row's: the CUDA flash backward reads the
     log-sum-exp as a contiguous [B, H, L_q] (PyTorch makes only `out` and `grad_out` contiguous), so all three are
-    made contiguous here (a no-op when they already are; docs/method.md#gpu-review, finding 2)."""
-    do, o, lse = do.contiguous(), o.contiguous(), lse.contiguous()
+    made contiguous here (a no-op when they already are; GPU review finding 2), then the kernel's contract is
+    checked on what the kernel will get (`check_contract`, docs/method.md#gpu-rules)."""
+    do, o, lse = _kernel_layout(do, o, lse)
     family = kernel_family(q)
+    check_contract(family, q, k, v, do, o, lse)
     if family == "cpu":
         return aten._scaled_dot_product_flash_attention_for_cpu_backward(do, q, k, v, o, lse, 0.0, causal)
     if family == "flash":
@@ -98,6 +155,11 @@ def attention_lse_backward(
         )
         return dq, _fold(dk, g), _fold(dv, g)
     return _math_backward(do, q, k, v, o, lse, causal)
+
+
+def _kernel_layout(*ts: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Contiguous copies of the backward's row tensors where they are slices (a no-op otherwise)."""
+    return tuple(t.contiguous() for t in ts)
 
 
 def _scores(q: torch.Tensor, k: torch.Tensor, causal: bool) -> torch.Tensor:
@@ -145,7 +207,7 @@ def merge_lse(o1: torch.Tensor, lse1: torch.Tensor, o2: torch.Tensor, lse2: torc
 def chunk_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offset: int):
     """A query chunk at global offset s against keys 0 … s+n−1 (no autograd graph): (o, lse, kernel states).
     A square chunk (s = 0) is one causal kernel; otherwise the unmasked prefix merged with the square causal
-    diagonal (module docstring)."""
+    diagonal (module docstring). Each kernel call checks its contract (attention_lse)."""
     if offset == 0:
         o, lse, *state = attention_lse(q, k, v, True)
         return o, lse, (tuple(state),)
@@ -156,7 +218,8 @@ def chunk_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offset: int
 
 
 def chunk_backward(do, q, k, v, o, lse, offset: int, states: tuple):
-    """dq, dk, dv of `chunk_forward` (dk, dv cover keys 0 … s+n−1), from the merged output and log-sum-exp."""
+    """dq, dk, dv of `chunk_forward` (dk, dv cover keys 0 … s+n−1), from the merged output and log-sum-exp. Each
+    kernel call checks its contract (attention_lse_backward)."""
     do = do.contiguous()
     if offset == 0:
         return attention_lse_backward(do, q, k, v, o, lse, states[0], True)

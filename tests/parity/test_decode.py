@@ -1,14 +1,15 @@
-"""Serving parity (tspbench/verify/serve.py): every scheme's prefill into a KV cache and four one-token
-decode steps equal the single-device model's logits at those positions, in float64 at tspbench.verify.case.TOL
-(1e-10; a cache only reorders the same sums, ≈1e-15 observed). The group's KV cache holds every token of
-every head exactly once, split 1/degree per rank; broken variants fail the same comparison."""
+"""Serving parity (tspbench/verify/serve.py): every scheme's prefill into a KV cache, its first token's logits as the
+runner takes them (run/loop.py first_token_logits, on every rank) and four one-token decode steps equal the
+single-device model's logits at those positions, in float64 at tspbench.verify.case.TOL (1e-10; a cache only
+reorders the same sums, ≈1e-15 observed), at B = 2 and under strict comm (NCCL's rules). The group's KV cache holds
+every token of every head exactly once, split 1/degree per rank; broken variants fail the same comparison."""
 
 from __future__ import annotations
 
 import pytest
 from parity_cases import DECODE
 
-from tspbench.parallel import kv_replicas
+from tspbench.parallel import SCHEMES, kv_replicas
 from tspbench.predict.costmodel import Workload, comm_decode_per_layer, kv_cache_bytes
 
 
@@ -24,8 +25,16 @@ def test_decode_matches_single_device(parity_results, cid):
     world, vc, _ = DECODE[cid]
     res = parity_results(world)[cid]
     names = [c["name"] for c in res["checks"]]
-    assert names[0] == "prefill_logits" and sum(n.startswith("decode_logits/") for n in names) == vc.decode_steps
+    assert names[:2] == ["prefill_logits", "first_token_logits"]
+    assert sum(n.startswith("decode_logits/") for n in names) == vc.decode_steps
     assert res["ok"], "\n".join(f"{c['name']}: rel {c['max_rel']:.2e}" for c in res["checks"] if not c["ok"])
+
+
+def test_every_scheme_serves_at_batch_two_under_strict_comm():
+    """GPU finding 1 hid behind B = 1: a strided slice of [B, S, V] logits is contiguous only at B = 1. Every scheme's
+    serving parity runs at B ≥ 2 with NCCL's rules enforced (VerifyConfig.strict)."""
+    served = {vc.scheme for _w, vc, b in DECODE.values() if b is None and vc.batch >= 2 and vc.strict}
+    assert served == set(SCHEMES), set(SCHEMES) - served
 
 
 @pytest.mark.parametrize("cid", [k for k, v in DECODE.items() if v[2] is None])

@@ -158,10 +158,11 @@ class Window:
     """The last step's loss tensor (still on the device)."""
 
 
-def benchmark(spec: RunSpec, device: torch.device, rank: int, world: int) -> dict | None:
-    """Collective over the default group; returns the record on rank 0, None elsewhere."""
+def benchmark(spec: RunSpec, device: torch.device, rank: int, world: int, strict: bool = False) -> dict | None:
+    """Collective over the default group; returns the record on rank 0, None elsewhere. `strict`: NCCL's rules on
+    every collective (CommLog.strict; test runs only, run/worker.py)."""
     started = now()
-    run = setup(spec, device)
+    run = setup(spec, device, strict)
     comm = first_steps(run, Fault(spec.fault, rank))
     n_tokens = timing.tokens_per_step(spec.parallel(), spec.batch, spec.seq_len, spec.mode)
     window = measured_window(run, rank, n_tokens)
@@ -176,7 +177,7 @@ def benchmark(spec: RunSpec, device: torch.device, rank: int, world: int) -> dic
     return build_record(spec, Gathered(gathered, loss, n_tokens, started, now(), dist.get_backend(), launcher, conf))
 
 
-def setup(spec: RunSpec, device: torch.device) -> Loop:
+def setup(spec: RunSpec, device: torch.device, strict: bool = False) -> Loop:
     """The scheme's model from the seed, the batch, the optimizer; decode: the prompt's prefill, timed once."""
     from tspbench.model import synthetic_batch
     from tspbench.schemes import ApplyArgs, apply_scheme, build_mesh
@@ -185,7 +186,7 @@ def setup(spec: RunSpec, device: torch.device) -> Loop:
 
     cfg, par = spec.model_config(), spec.parallel()
     decode = spec.mode == "decode"
-    log = CommLog()
+    log = CommLog(strict=strict)
     pm = apply_scheme(
         cfg, par, ApplyArgs(build_mesh(par, device.type), spec.seq_len, spec.seed, DTYPES[spec.dtype], device, log)
     )
@@ -250,6 +251,7 @@ def replica_loss(run: Loop, loss: torch.Tensor | None) -> float | None:
         return None
     loss_t = run.pm.replica_loss(loss).float()
     if run.pm.dp is not None:
+        run.pm.dp.check("all_reduce", "replica_loss", loss_t, reduce_op="sum")
         dist.all_reduce(loss_t, group=run.pm.dp.group)
         loss_t /= run.pm.dp.size
     return float(loss_t.item())
@@ -294,8 +296,7 @@ def prefill(pm, tok: torch.Tensor, pos: torch.Tensor, device: torch.device, new_
     choice at the prompt's last position (its logits taken on the rank that holds that position, summed over
     the sequence group, the vocabulary gathered where it is split)."""
     pm.start_kv_cache(new_tokens)
-    last = (pos == seq_len - 1).nonzero()  # host sync, outside the timed window: where position S − 1 is
-    at = int(last[0, 0]) if last.numel() else None
+    at = last_index(pos, seq_len)  # host sync, outside the timed window
     dist.barrier()
     timing.sync(device)
     t0 = time.perf_counter()
@@ -303,9 +304,24 @@ def prefill(pm, tok: torch.Tensor, pos: torch.Tensor, device: torch.device, new_
         logits = pm(tok, pos)
         timing.sync(device)
         prefill_ms = (time.perf_counter() - t0) * 1e3
-        first = logits[:, at : at + 1].contiguous() if at is not None else logits.new_zeros(logits[:, :1].shape)
-        if pm.seq is not None:
-            dist.all_reduce(first, group=pm.seq.group)  # one rank holds position S − 1, the others add zeros
-        pm.full_decode_logits(first).argmax(-1)
+        first_token_logits(pm, logits, at).argmax(-1)
     timing.sync(device)
     return {"prefill_ms": prefill_ms, "ttft_ms": (time.perf_counter() - t0) * 1e3}
+
+
+def last_index(pos: torch.Tensor, seq_len: int) -> int | None:
+    """Where the prompt's last position S − 1 is among this rank's tokens (None: another rank holds it). Syncs."""
+    last = (pos == seq_len - 1).nonzero()
+    return int(last[0, 0]) if last.numel() else None
+
+
+def first_token_logits(pm, logits: torch.Tensor, at: int | None) -> torch.Tensor:
+    """The prefill's logits at the prompt's last position, [B, 1, V] on every rank: taken on the rank that holds it
+    (local index `at`, None elsewhere), summed over the sequence group (the others add zeros), the vocabulary
+    gathered where it is split. A contiguous copy: NCCL refuses the strided slice and gloo reduced the wrong memory
+    at B > 1 (docs/method.md#gpu-rules, GPU review finding 1; tspbench.verify checks these logits)."""
+    first = logits[:, at : at + 1].contiguous() if at is not None else logits.new_zeros(logits[:, :1].shape)
+    if pm.seq is not None:
+        pm.seq.check("all_reduce", "prefill:first_token", first, reduce_op="sum")
+        dist.all_reduce(first, group=pm.seq.group)
+    return pm.full_decode_logits(first)

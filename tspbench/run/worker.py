@@ -7,6 +7,9 @@ runs under a cluster's own `torchrun --nnodes N ...` given a spec file whose dp 
 (tspbench/run/slurm.py starts it so on every node of a Slurm allocation). The record's `hosts` names every node
 the ranks ran on (SLURMD_NODENAME under Slurm, else the hostname).
 
+Test runs (TSPBENCH_STRICT=1, or, unset, under CI or pytest) hold every collective to NCCL's rules (strict comm,
+docs/method.md#gpu-rules); measured runs do not (its checks sync the host).
+
 Failures: an OOM (torch.OutOfMemoryError) or any other exception writes `<status_dir>/rank<R>.json`
 for the parent to turn into an `oom` / `failed` record, and exits non-zero so torchrun tears the group
 down.
@@ -60,6 +63,15 @@ def write_status(spec: RunSpec, rank: int, status: str, reason: str, tb: str = "
     tmp.replace(d / f"rank{rank}.json")
 
 
+def strict_requested(environ) -> bool:
+    """Strict comm for this run: TSPBENCH_STRICT=1 or 0 says so; unset, on under CI or pytest (CI,
+    PYTEST_CURRENT_TEST), off otherwise."""
+    flag = environ.get("TSPBENCH_STRICT", "")
+    if flag not in ("", "0", "1"):
+        raise ConfigError(f"TSPBENCH_STRICT={flag!r} is unknown; allowed: 1 (NCCL's rules on), 0 (off), unset")
+    return flag == "1" if flag else bool(environ.get("CI") or environ.get("PYTEST_CURRENT_TEST"))
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if cli.wants_help(argv):
@@ -73,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         if not Path(wc.spec).is_file():
             raise ConfigError(f"spec={wc.spec} does not exist; give a RunSpec JSON the parent wrote (RUN/specs/)")
         spec = RunSpec.from_json(Path(wc.spec).read_text())
+        strict = strict_requested(os.environ)
     except (ConfigError, OSError, ValueError) as e:
         print(f"tspbench.run.worker: {e}", file=sys.stderr)
         return 2
@@ -94,8 +107,10 @@ def main(argv: list[str] | None = None) -> int:
         timeout=timedelta(seconds=max(60.0, spec.timeout_s)),
         device_id=device if device.type == "cuda" else None,
     )
+    if strict and rank == 0:
+        print("tspbench.run.worker: strict comm on (TSPBENCH_STRICT, CI or pytest): timings include its checks")
     try:
-        record = benchmark(spec, device, rank, world)
+        record = benchmark(spec, device, rank, world, strict=strict)
         hosts = _hosts(world)
         if record is not None:
             record["hosts"] = hosts

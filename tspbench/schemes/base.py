@@ -142,6 +142,7 @@ class ParallelModel(nn.Module):
         """The replica's loss value (for reporting), summed over the sequence group."""
         loss = local_loss.detach().clone()
         if self.seq is not None:
+            self.seq.check("all_reduce", "replica_loss", loss, reduce_op="sum")
             dist.all_reduce(loss, group=self.seq.group)
         return loss
 

@@ -1,9 +1,11 @@
 """The communication vocabulary: named autograd collectives (Megatron `mappings.py` style) + accounting.
 
-Nothing else in tspbench calls torch.distributed collectives directly. Each function is named for where
-the tensor goes, states its forward/backward pair, and takes an explicit `Comm` (a process group plus the
-`CommLog` it records into). Recording here is what lets tests assert the per-layer formulas of
-docs/method.md#communication exactly, and what the estimate backend counts under a fake process group.
+Each function is named for where the tensor goes, states its forward/backward pair, and takes an explicit `Comm` (a
+process group plus the `CommLog` it records into). Recording here is what lets tests assert the per-layer formulas of
+docs/method.md#communication exactly, and what the estimate backend counts under a fake process group. In strict mode
+(`CommLog.strict`: verify, the parity tests, test runs of the worker) every collective and ring hop first refuses what
+NCCL would refuse or mis-handle (schemes/nccl_rules.py); the few raw torch.distributed calls elsewhere go through
+`Comm.check` first.
 
 Volume convention (`recv_numel`, elements received by this rank, bandwidth-optimal algorithms,
 docs/method.md#communication):
@@ -22,6 +24,8 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
+
+from tspbench.schemes import nccl_rules
 
 
 @dataclass
@@ -44,6 +48,9 @@ class CommLog:
     tag: str = ""
     enabled: bool = True
     in_backward_fn: bool = False  # inside an autograd Function's backward (not a recompute)
+    strict: bool = False
+    """Refuse, on every rank at once, any collective NCCL would refuse or mis-handle (schemes/nccl_rules.py): on in
+    verify and tests, off in measured runs (its extra all-gather per collective syncs the host)."""
     events: list[tuple[str, str]] = field(default_factory=list)
     """The issue order: ("post" | "wait" | "compute", label) in the order they happened (async collectives are
     posted, later waited; compute marks name the work they overlap with). The overlap tests read this."""
@@ -111,6 +118,26 @@ class Comm:
     def global_rank(self, group_rank: int) -> int:
         return dist.get_global_rank(self.group, group_rank)
 
+    def check(
+        self,
+        op: str,
+        label: str,
+        x: torch.Tensor,
+        out: torch.Tensor | None = None,
+        *,
+        peer_offset: int | None = None,
+        reduce_op: str | None = None,
+    ) -> None:
+        """Strict mode only (`log.strict`): refuse `op` on every rank of the group if its tensors break NCCL's rules
+        (nccl_rules.check; `x` the input or send buffer, `out` the output or receive buffer, `peer_offset` for a ring
+        hop). Called by every collective here and before each raw torch.distributed call outside this module."""
+        if not self.log.strict:
+            return
+        where = f"group {self.axis or '?'} (tag {self.log.tag or '-'})"
+        names = ("send", "recv") if peer_offset is not None else ("input", "output")
+        tensors = {names[0]: x} if out is None else {names[0]: x, names[1]: out}
+        nccl_rules.check(op, label, self.group, where, tensors, peer_offset=peer_offset, reduce_op=reduce_op)
+
     def record(
         self, op: str, t: torch.Tensor, recv_numel: float, phase: str | None = None, tag: str | None = None
     ) -> None:
@@ -135,6 +162,7 @@ class Comm:
         self, x: torch.Tensor, tag: str | None = None, phase: str | None = None, op: str = "sum"
     ) -> torch.Tensor:
         """In place: element-wise sum (or max, `op="max"`) over the group."""
+        self.check("all_reduce", "all_reduce", x, reduce_op=op)
         self.record("all_reduce", x, 2 * x.numel() * (self.size - 1) / self.size, phase, tag)
         dist.all_reduce(x, op=_REDUCE_OPS[op], group=self.group)
         return x
@@ -143,6 +171,7 @@ class Comm:
         """Concatenate every rank's `x` along `dim`, in group-rank order."""
         xs = x.movedim(dim, 0).contiguous()
         out = xs.new_empty((self.size * xs.shape[0], *xs.shape[1:]))
+        self.check("all_gather", "all_gather", xs, out)
         self.record("all_gather", out, out.numel() * (self.size - 1) / self.size)
         _all_gather_tensor(out, xs, group=self.group)
         return out.movedim(0, dim)
@@ -151,6 +180,7 @@ class Comm:
         """Sum over ranks, then keep this rank's 1/p slice of `dim` (the dual of all_gather)."""
         xs = x.movedim(dim, 0).contiguous()
         out = xs.new_empty((xs.shape[0] // self.size, *xs.shape[1:]))
+        self.check("reduce_scatter", "reduce_scatter", xs, out)
         self.record("reduce_scatter", xs, xs.numel() * (self.size - 1) / self.size)
         _reduce_scatter_tensor(out, xs, group=self.group)
         return out.movedim(0, dim)
@@ -162,18 +192,21 @@ class Comm:
         p = self.size
         chunks = x.unflatten(scatter_dim, (p, -1)).movedim(scatter_dim, 0).contiguous()  # [p, *chunk]
         out = torch.empty_like(chunks)  # out[r]: the chunk rank r sent to this rank
+        self.check("all_to_all", "all_to_all", chunks, out)
         self.record("all_to_all", chunks, chunks.numel() * (p - 1) / p)
         dist.all_to_all_single(out, chunks, group=self.group)
         return out.movedim(0, gather_dim).flatten(gather_dim, gather_dim + 1)
 
     def broadcast(self, x: torch.Tensor, src: int) -> torch.Tensor:
         """`x` from group rank `src` to every rank (in place on non-owners' buffer)."""
+        self.check("broadcast", "broadcast", x)
         self.record("broadcast", x, x.numel() * (self.size - 1) / self.size)
         dist.broadcast(x, src=self.global_rank(src), group=self.group)
         return x
 
     def reduce(self, x: torch.Tensor, dst: int) -> torch.Tensor:
         """Sum of `x` over ranks, valid on group rank `dst` (the dual of broadcast)."""
+        self.check("reduce", "reduce", x, reduce_op="sum")
         self.record("reduce", x, x.numel() * (self.size - 1) / self.size)
         dist.reduce(x, dst=self.global_rank(dst), group=self.group)
         return x
@@ -184,11 +217,13 @@ class Comm:
         """Async ring hop: send `send` to rank+offset, receive `recv` from rank−offset. `wait()` before
         reading `recv` (or writing `send`). Concurrent hops between the same peers need distinct `tag`s (gloo
         matches by tag; NCCL matches in issue order, which is the same)."""
+        send = send.contiguous()
+        self.check("send_recv", label, send, recv, peer_offset=offset)
         self.record("send_recv", recv, recv.numel())
         peer_to = self.global_rank((self.rank + offset) % self.size)
         peer_from = self.global_rank((self.rank - offset) % self.size)
         ops = [
-            dist.P2POp(dist.isend, send.contiguous(), peer_to, self.group, tag),
+            dist.P2POp(dist.isend, send, peer_to, self.group, tag),
             dist.P2POp(dist.irecv, recv, peer_from, self.group, tag),
         ]
         self.log.event("post", label)
@@ -218,6 +253,7 @@ class Comm:
     # ---- asynchronous collectives: post now, wait where the result is used --------------------------------
     def start_broadcast(self, buf: torch.Tensor, src: int, label: str = "broadcast") -> Pending:
         """`buf` of group rank `src` into every rank's `buf`."""
+        self.check("broadcast", label, buf)
         self.record("broadcast", buf, buf.numel() * (self.size - 1) / self.size)
         self.log.event("post", label)
         work = dist.broadcast(buf, src=self.global_rank(src), group=self.group, async_op=True)
@@ -225,6 +261,7 @@ class Comm:
 
     def start_reduce(self, buf: torch.Tensor, dst: int, label: str = "reduce") -> Pending:
         """Sum of `buf` over ranks into group rank `dst`'s `buf` (the dual of broadcast)."""
+        self.check("reduce", label, buf, reduce_op="sum")
         self.record("reduce", buf, buf.numel() * (self.size - 1) / self.size)
         self.log.event("post", label)
         work = dist.reduce(buf, dst=self.global_rank(dst), group=self.group, async_op=True)
@@ -235,6 +272,7 @@ class Comm:
         x = x.contiguous()
         if out is None:
             out = x.new_empty((self.size * x.shape[0], *x.shape[1:]))
+        self.check("all_gather", label, x, out)
         self.record("all_gather", out, out.numel() * (self.size - 1) / self.size)
         self.log.event("post", label)
         work = _all_gather_tensor(out, x, group=self.group, async_op=True)
@@ -244,6 +282,7 @@ class Comm:
         """Sum over ranks of `x`, this rank's 1/p slice of dim 0 (the dual of start_all_gather)."""
         x = x.contiguous()
         out = x.new_empty((x.shape[0] // self.size, *x.shape[1:]))
+        self.check("reduce_scatter", label, x, out)
         self.record("reduce_scatter", x, x.numel() * (self.size - 1) / self.size)
         self.log.event("post", label)
         work = _reduce_scatter_tensor(out, x, group=self.group, async_op=True)
@@ -254,6 +293,7 @@ class Comm:
     ) -> Pending:
         """In place: the sum of contiguous `x` over the group (Megatron's dgrad all-reduce behind the wgrad GEMM; a
         gradient-sync bucket, ParallelModel.finish_grad_sync, with tag and phase "grad_sync")."""
+        self.check("all_reduce", label, x, reduce_op="sum")
         self.record("all_reduce", x, 2 * x.numel() * (self.size - 1) / self.size, phase, tag)
         self.log.event("post", label)
         work = dist.all_reduce(x, op=dist.ReduceOp.SUM, group=self.group, async_op=True)
@@ -264,6 +304,7 @@ class Comm:
         exchange of `all_to_all`, posted now; DeepSpeed-Ulysses' overlapped all-to-alls)."""
         p = self.size
         out = torch.empty_like(chunks)
+        self.check("all_to_all", label, chunks, out)
         self.record("all_to_all", chunks, chunks.numel() * (p - 1) / p)
         self.log.event("post", label)
         work = dist.all_to_all_single(out, chunks, group=self.group, async_op=True)

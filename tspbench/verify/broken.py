@@ -384,6 +384,37 @@ def kept_kv_wrong_owner():
         yield
 
 
+@contextlib.contextmanager
+def strided_first_token():
+    """The decode prefill before GPU finding 1's fix: the first token's logits all-reduced as the strided slice
+    `logits[:, at:at+1]` (not contiguous at B > 1). NCCL refuses it; gloo reduces the wrong memory, so ranks other
+    than the one holding position S − 1 get another batch row's logits. Strict comm refuses it on CPU too."""
+    import torch.distributed as dist
+
+    from tspbench.run import loop
+
+    def first_token_logits(pm, logits, at):
+        first = logits[:, at : at + 1] if at is not None else torch.zeros_like(logits[:, :1])
+        if pm.seq is not None:
+            pm.seq.check("all_reduce", "prefill:first_token", first, reduce_op="sum")
+            dist.all_reduce(first, group=pm.seq.group)
+        return pm.full_decode_logits(first)
+
+    with mock.patch.object(loop, "first_token_logits", first_token_logits):
+        yield
+
+
+@contextlib.contextmanager
+def sliced_lse_to_kernel():
+    """The attention backward before GPU finding 2's fix: a chunk's or head bucket's slice of the log-sum-exp (and of
+    the output) handed to the kernel as it is. The CUDA flash backward reads the slice as a contiguous [B, H, L_q]
+    (wrong rows for every head ≥ 1); the CPU kernel follows the strides, so only the kernel contract catches it."""
+    from tspbench import attention
+
+    with mock.patch.object(attention, "_kernel_layout", lambda *ts: ts):
+        yield
+
+
 BREAKAGES = {
     "missing_allreduce": missing_allreduce,
     "wrong_zigzag_order": wrong_zigzag_order,
@@ -408,4 +439,6 @@ BREAKAGES = {
     "biring_half_applied_twice": biring_half_applied_twice,
     "mlp_broadcast_skipped": mlp_broadcast_skipped,
     "kept_kv_wrong_owner": kept_kv_wrong_owner,
+    "strided_first_token": strided_first_token,
+    "sliced_lse_to_kernel": sliced_lse_to_kernel,
 }

@@ -60,6 +60,10 @@ class VerifyConfig(ParallelConfig):
     previous step's logits (the first: the prefill's last position); the generated tokens must equal the
     single-device model's greedy tokens exactly and every step's logits within the dtype tolerance."""
 
+    strict: bool = True
+    """Hold the CPU run to NCCL's rules (schemes/nccl_rules.py): every collective refuses, on every rank, a strided
+    tensor, a wrong device or dtype, or dtypes and shapes that differ between ranks (docs/method.md#gpu-rules)."""
+
     def validate(self) -> None:
         check_declared(self)  # each numeric field's declared Range
         if self.dtype not in DTYPES:

@@ -86,7 +86,7 @@ def sharded_step(
     from tspbench.schemes.train import MixedPrecisionAdamW, train_step
 
     par, dtype = vc.parallel(), DTYPES[vc.dtype]
-    log = CommLog()
+    log = CommLog(strict=vc.strict)
     mesh = build_mesh(par, device.type)
     seen: dict[str, Any] = {}
     saved = [0]
@@ -128,6 +128,7 @@ def full_views(sharded: Sharded, world: int) -> list[dict[str, Any]]:
     pm, seen = sharded.pm, sharded.seen
     replica_loss = pm.replica_loss(seen["loss"])
     if pm.dp is not None:
+        pm.dp.check("all_reduce", "replica_loss", replica_loss, reduce_op="sum")
         dist.all_reduce(replica_loss, group=pm.dp.group)
         replica_loss /= pm.dp.size
     mine = {

@@ -52,7 +52,7 @@ def format_result(r: dict) -> str:
     head = (
         f"{par.label()}: scheme={c['scheme']} degree={c['degree']} dp={c['dp']} {options} "
         f"recompute={c['recompute']} dtype={c['dtype']} S={c['seq_len']} B={c['batch']} "
-        f"n_heads={c['model']['n_heads']} n_kv_heads={c['model']['n_kv_heads']}"
+        f"n_heads={c['model']['n_heads']} n_kv_heads={c['model']['n_kv_heads']} strict={str(c['strict']).lower()}"
     )
     lines = [head, f"{'tensor':44s} {'max_abs':>11s} {'max_rel':>11s} {'tol':>8s}"]
     for t in r["checks"]:
