@@ -217,17 +217,7 @@ class Comm:
         """Async ring hop: send `send` to rank+offset, receive `recv` from rank−offset. `wait()` before
         reading `recv` (or writing `send`). Concurrent hops between the same peers need distinct `tag`s (gloo
         matches by tag; NCCL matches in issue order, which is the same)."""
-        send = send.contiguous()
-        self.check("send_recv", label, send, recv, peer_offset=offset)
-        self.record("send_recv", recv, recv.numel())
-        peer_to = self.global_rank((self.rank + offset) % self.size)
-        peer_from = self.global_rank((self.rank - offset) % self.size)
-        ops = [
-            dist.P2POp(dist.isend, send, peer_to, self.group, tag),
-            dist.P2POp(dist.irecv, recv, peer_from, self.group, tag),
-        ]
-        self.log.event("post", label)
-        return Pending(dist.batch_isend_irecv(ops), self.log, label, recv, keep=send)
+        return self.start_shifts([(send, recv, offset, tag, label)])[0]
 
     def start_shifts(self, hops: list[tuple[torch.Tensor, torch.Tensor, int, int, str]]) -> list[Pending]:
         """Several ring hops (send, recv, offset, tag, label) posted as ONE `batch_isend_irecv`: NCCL runs each
@@ -235,15 +225,17 @@ class Comm:
         the other (docs/method.md#gpu-review, finding 4) and hops of one batch run together. One Pending per hop."""
         ops, pend = [], []
         for send, recv, offset, tag, label in hops:
+            send = send.contiguous()
+            self.check("send_recv", label, send, recv, peer_offset=offset)
             self.record("send_recv", recv, recv.numel())
             peer_to = self.global_rank((self.rank + offset) % self.size)
             peer_from = self.global_rank((self.rank - offset) % self.size)
             ops += [
-                dist.P2POp(dist.isend, send.contiguous(), peer_to, self.group, tag),
+                dist.P2POp(dist.isend, send, peer_to, self.group, tag),
                 dist.P2POp(dist.irecv, recv, peer_from, self.group, tag),
             ]
             self.log.event("post", label)
-            pend.append((label, recv, ops[-2].tensor))
+            pend.append((label, recv, send))
         shared = list(dist.batch_isend_irecv(ops))  # one list: gloo's send work blocks again if waited twice
         out = [Pending(None, self.log, label, recv, keep=sent) for label, recv, sent in pend]
         for p in out:
