@@ -249,9 +249,13 @@ def precheck_argv(argv: list[str]) -> str | None:
     from hydra.errors import HydraException
 
     from tspbench.config import ConfigError
+    from tspbench.run.slurm import refused_launcher
 
     flags, argv = config_flags(argv)
     multirun = any(a in ("-m", "--multirun") for a in argv)
+    refused = refused_launcher(argv, multirun)
+    if refused:
+        return refused
     overrides, skip = [], False
     for a in argv:
         if skip or a.startswith("-"):
