@@ -41,7 +41,7 @@ from tspbench.run.progress import plan_line
 register()
 
 EXAMPLES = [
-    "python -m tspbench +exp=smoke                                   # all six schemes, tiny model, CPU",
+    "python -m tspbench +exp=smoke                                   # every scheme but fsdp_sp, tiny model, CPU",
     "python -m tspbench +exp=smoke seq_len=256 'schemes=[tp,tsp]'    # a scalar key replaces its grid axis",
     "python -m tspbench -m +exp=smoke seq_len=64,128                 # Hydra multirun: one combined results.jsonl",
     "python -m tspbench +exp=llama7b                                 # measured on 8 GPUs, else estimated + modelled",
