@@ -2,8 +2,8 @@
 float64 (a covering design: both models without recompute, selective and full on alternating models, every
 (scheme, model, recompute) triple met somewhere: `covering`), D = 8 for tsp, sp (allgather and ulysses), fsdp_sp and
 tp_sp (T2Σ4, T4Σ2), D = 6 for tp_sp (T2Σ3, T3Σ2), tp_sp with Megatron-SP on T (the default) and without (`-plain`, the
-ablation), data-parallel replicas (dp = 2, with small gradient buckets so every bucketing path runs), the K/V-exchange
-variants, the embedding / head options, and broken variants.
+ablation), data-parallel replicas (dp = 2, with small gradient buckets so every bucketing path runs; fsdp_sp's HSDP
+also at dp = 4, dp_shard = 2), the K/V-exchange variants, the embedding / head options, and broken variants.
 
 Cases are grouped by world size so each group runs in ONE spawned rank group (spawning is the slow part
 on a 2-core machine).
@@ -272,7 +272,9 @@ def cases_for_world(world: int) -> list[tuple[VerifyConfig, str | None]]:
     # `-bucket512` ones with lone and packed buckets); a bucket posted at its first gradient instead of its last must
     # fail (sp: the in-group sum; tp: the DP average). fsdp_sp at dp = 2 with dp_shard = 1 (HSDP: shard within the
     # replica, all-reduce across the 2; the dp = 2 cases above) and dp_shard = 2 (plain FSDP over all 2·Σ ranks), at
-    # D = 2 (MHA, GQA) and D = 4 (MHA with dp_shard 1, GQA with 2); HSDP without its all-reduce must fail.
+    # D = 2 (MHA, GQA) and D = 4 (MHA with dp_shard 1, GQA with 2); HSDP without its all-reduce must fail. At dp = 2
+    # the gradient's divisor dp equals either the replica count dp/dp_shard (HSDP) or dp_shard (plain FSDP), so a wrong
+    # one passes there: HSDP at dp = 4, dp_shard = 2 (2 replicas of a 4-rank shard group, D = 2) tells them apart.
     if world == 2:
         out.append((_vc(MHA, "sp", 2), "grad_bucket_posted_early"))
     if world == 4:
@@ -286,6 +288,7 @@ def cases_for_world(world: int) -> list[tuple[VerifyConfig, str | None]]:
         out += [
             (_vc(MHA, "fsdp_sp", 4, dp=2, recompute="selective"), None),
             (replace(_vc(GQA, "fsdp_sp", 4, dp=2), dp_shard=2), None),
+            (replace(_vc(MHA, "fsdp_sp", 2, dp=4), dp_shard=2), None),
         ]
     return out
 

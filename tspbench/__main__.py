@@ -41,7 +41,7 @@ from tspbench.run.progress import plan_line
 register()
 
 EXAMPLES = [
-    "python -m tspbench +exp=smoke                                   # all six schemes, tiny model, CPU",
+    "python -m tspbench +exp=smoke                                   # every scheme but fsdp_sp, tiny model, CPU",
     "python -m tspbench +exp=smoke seq_len=256 'schemes=[tp,tsp]'    # a scalar key replaces its grid axis",
     "python -m tspbench -m +exp=smoke seq_len=64,128                 # Hydra multirun: one combined results.jsonl",
     "python -m tspbench +exp=llama7b                                 # measured on 8 GPUs, else estimated + modelled",
@@ -249,9 +249,13 @@ def precheck_argv(argv: list[str]) -> str | None:
     from hydra.errors import HydraException
 
     from tspbench.config import ConfigError
+    from tspbench.run.slurm import refused_launcher
 
     flags, argv = config_flags(argv)
     multirun = any(a in ("-m", "--multirun") for a in argv)
+    refused = refused_launcher(argv, multirun)
+    if refused:
+        return refused
     overrides: list[str] = []
     hydra_overrides: list[str] = []
     skip = False

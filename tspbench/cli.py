@@ -30,6 +30,8 @@ CONF_DIR = conf_dir()
 
 HF_PREFIX = "hf:"
 """`model=hf:PATH`: a Hugging Face config.json (or the directory holding one) instead of a preset."""
+HF_HELP = "model=hf:PATH: a Hugging Face config.json (or the folder holding one) instead of a preset."
+"""What every command's --help says beside its `model` option (help_text)."""
 
 
 def hf_model_config(spec: str) -> ModelConfig:
@@ -292,6 +294,7 @@ def help_text(
         if dataclasses.is_dataclass(hints.get(f.name)):
             sub = hints[f.name]
             what = (groups or {}).get(f.name, "")
+            what = _with_hf(what) if f.name == "model" else what
             lines.append(_row(f"{f.name}=NAME", (docs.get(f.name, "") + (" " + what if what else "")).strip()))
             sub_docs = field_docs(sub)
             for sf in dataclasses.fields(sub):
@@ -300,10 +303,16 @@ def help_text(
                 )
             continue
         what = (groups or {}).get(f.name, "")
+        what = _with_hf(what) if f.name == "model" else what
         lines.append(_row(f"{f.name}={_show(default)}", (docs.get(f.name, "") + (" " + what if what else "")).strip()))
     if examples:
         lines += ["", "examples:", *(f"  {e}" for e in examples)]
     return "\n".join(lines) + "\n"
+
+
+def _with_hf(what: str) -> str:
+    """A `model` option's help tail (its presets, if any) followed by HF_HELP."""
+    return f"{what.rstrip('.')}. {HF_HELP}" if what else HF_HELP
 
 
 def _show(value: Any) -> str:

@@ -12,10 +12,11 @@ import re
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from proc_util import tspbench_process
+from proc_util import tspbench_process, worker_pids
 
 from tspbench.record.store import read_records
 
@@ -77,39 +78,44 @@ def test_partly_invalid_grid_runs_the_rest_and_exits_1(tmp_path):
 def test_sigint_anywhere_then_resume_gives_every_run_ok_exactly_once(tmp_path):
     """SIGINT during a run, then right after each ok record is written (the parent is still waiting for the
     rank group to exit), resuming each time; at the end every run is ok exactly once in the file and in the
-    summary, no failure follows an ok of the same run, and the resumed invocations left no Hydra dirs."""
+    summary, no failure follows an ok of the same run, and the resumed invocations left no Hydra dirs.
+
+    Where each interrupt lands is fixed by the test, not by the clock: the first lands while rank 0 hangs in its
+    first step (faults=hang, its line in the log); the others while the parent is stopped (SIGSTOP) in the run's
+    wait and the run's ok record is already written, delivered when it continues (SIGCONT)."""
     run_dir = tmp_path / "run"
     results = run_dir / "results.jsonl"
     grid = [*FAST, "schemes=[single,tp]"]
 
-    # 1. during the first run: once its log exists (the rank group is starting)
-    p = cli([*grid, f"hydra.run.dir={run_dir}"], tmp_path)
-    deadline = time.time() + 120
-    while time.time() < deadline and not list(run_dir.glob("single-*.log")):
-        time.sleep(0.1)
-    time.sleep(1.0)
+    # 1. during the first run: rank 0 of `single` hangs in step 0 until the interrupt
+    p = cli([*grid, "faults=hang", "faults.scheme=single", f"hydra.run.dir={run_dir}"], tmp_path)
+    wait_for(p, lambda: "injected hang" in "".join(f.read_text() for f in run_dir.glob("*.log")), "the hang")
     p.send_signal(signal.SIGINT)
     rc, _, err = finish(p)
     assert rc == 130 and "resume_dir=" in err, err
+    assert [r["status"] for r in read_records([results])] == ["failed"] and not worker_pids(str(run_dir))
 
-    # 2. resume, interrupting right after each new ok record, until an invocation finishes by itself
-    for i in range(4):
+    # 2. resume (without the fault), interrupting each run right after its ok record: `single`, then `tp`
+    for i in range(2):
         hydra_dir = tmp_path / f"hydra{i}"
         p = cli([*grid, f"resume_dir={run_dir}", f"hydra.run.dir={hydra_dir}"], tmp_path)
         oks = sum(r["status"] == "ok" for r in read_records([results]))
-        while p.poll() is None:
-            if sum(r["status"] == "ok" for r in read_records([results])) > oks:
-                p.send_signal(signal.SIGINT)
-                break
-            time.sleep(0.02)
+        wait_for(p, lambda: bool(worker_pids(str(run_dir))), "a rank of the next run")
+        os.kill(p.pid, signal.SIGSTOP)  # the parent is past starting the group: in run_measured's wait
+        try:
+            wait_for(None, lambda n=oks: sum(r["status"] == "ok" for r in read_records([results])) > n, "its ok")
+            p.send_signal(signal.SIGINT)  # pending until the parent continues, then raised in the wait
+        finally:
+            os.kill(p.pid, signal.SIGCONT)
         rc, out, err = finish(p)
+        assert rc == 130 and "resume_dir=" in err, err
         assert not hydra_dir.exists(), "a resumed invocation left its Hydra dir behind"
-        if rc == 0:
-            break
-        assert rc == 130, err
-    else:
-        pytest.fail("the grid never finished")
+
+    # 3. a last invocation spawns nothing, finds every run ok and exits 0
+    rc, out, err = finish(cli([*grid, f"resume_dir={run_dir}", f"hydra.run.dir={tmp_path / 'h'}"], tmp_path))
+    assert rc == 0 and err.count("skip") == 2, err
     assert "2/2 runs ok" in out and out.strip().splitlines()[-1] == "tspbench: 2 grid points: 2 ok → exit 0"
+    assert not (tmp_path / "h").exists() and not (tmp_path / "results").exists()
 
     recs = [json.loads(line) for line in results.read_text().splitlines()]
     by_run: dict[str, list[str]] = {}
@@ -120,7 +126,13 @@ def test_sigint_anywhere_then_resume_gives_every_run_ok_exactly_once(tmp_path):
         assert statuses.count("ok") == 1, (rid, statuses)  # nothing finished was redone
         assert statuses[-1] == "ok", (rid, statuses)  # and no failure was written after it
 
-    # 3. a last invocation spawns nothing and exits 0
-    rc, out, err = finish(cli([*grid, f"resume_dir={run_dir}", f"hydra.run.dir={tmp_path / 'h'}"], tmp_path))
-    assert rc == 0 and err.count("skip") == 2 and lines(results) == len(recs)
-    assert not (tmp_path / "h").exists() and not (tmp_path / "results").exists()
+
+def wait_for(p: subprocess.Popen | None, ready: Callable[[], bool], what: str, timeout: float = 300) -> None:
+    """Poll until `ready()`; fail naming `what` if `p` exits first or `timeout` passes (a bound, not a verdict)."""
+    deadline = time.monotonic() + timeout
+    while not ready():
+        if p is not None and p.poll() is not None:
+            pytest.fail(f"exited {p.returncode} before {what}: {p.communicate()[1][-2000:]}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"no sign of {what} after {timeout:g} s")
+        time.sleep(0.05)

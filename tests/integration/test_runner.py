@@ -257,17 +257,17 @@ def test_interrupt_keeps_finished_runs_and_resume_skips_them(tmp_path):
     args = ["+exp=smoke", *FAST, "schemes=[single,tp]", f"hydra.run.dir={run_dir}"]
     results = run_dir / "results.jsonl"
 
-    # 1. Interrupt during the second run (tp), once the first (single) is recorded.
-    p = cli(args)
-    deadline = time.time() + 90
-    while time.time() < deadline and not (results.exists() and records(results)):
-        time.sleep(0.2)
-    tp_log = next(iter(run_dir.glob("tp-*.log")), None)
-    while time.time() < deadline and tp_log is None:
+    # 1. Interrupt during the second run (tp), once the first (single) is recorded: tp's rank 0 hangs in step 0
+    # (faults=hang) until then, so the interrupt lands in the run whatever the machine's speed.
+    p = cli([*args, "faults=hang", "faults.scheme=tp"])
+    deadline = time.time() + 300
+    while (
+        time.time() < deadline
+        and p.poll() is None
+        and "injected hang" not in "".join(f.read_text() for f in run_dir.glob("tp-*.log"))
+    ):
         time.sleep(0.1)
-        tp_log = next(iter(run_dir.glob("tp-*.log")), None)
-    assert tp_log is not None, "the second run never started"
-    time.sleep(1.0)  # let the rank group start, so there is something to kill
+    assert p.poll() is None and time.time() < deadline, "the second run never reached its hang"
     p.send_signal(signal.SIGINT)
     _out, err = p.communicate(timeout=60)
     assert p.returncode == 130, err

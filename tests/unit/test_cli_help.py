@@ -62,3 +62,21 @@ def test_plan_help(capsys):
     out = _run(main, ["--help"], capsys)
     assert out.startswith("usage: python -m tspbench.plan")
     assert "overlap=schedule" in out and "none | ideal | schedule" in out and "out=null" in out and "batches=" in out
+
+
+def test_every_model_option_names_hf_path(capsys, monkeypatch):
+    """Every command with a `model` option says in --help that it also takes model=hf:PATH (cli.HF_HELP); those
+    are the experiment, estimate, verify and plan (the others take no model)."""
+    import importlib
+
+    import tspbench.__main__ as entry
+
+    monkeypatch.setattr(sys, "argv", ["tspbench", "--help"])
+    entry.print_help()
+    outs = {"tspbench": capsys.readouterr().out}
+    for module in ("estimate", "verify.__main__", "plan", "gpu_check", "validate", "headline", "report.__main__"):
+        outs[module] = _run(importlib.import_module(f"tspbench.{module}").main, ["--help"], capsys)
+    with_model = {m for m, out in outs.items() if "\n  model=" in out}
+    assert with_model == {"tspbench", "estimate", "verify.__main__", "plan"}
+    said = {m for m in with_model if "model=hf:PATH: a Hugging Face config.json" in " ".join(outs[m].split())}
+    assert said == with_model  # (the help wraps lines: compared with whitespace collapsed)

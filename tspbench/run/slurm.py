@@ -214,6 +214,31 @@ def refused_in_multi_task_job(nodes: int, env: dict[str, str] | None = None) -> 
     return None
 
 
+def refused_launcher(argv: list[str], multirun: bool, which=shutil.which) -> str | None:
+    """A `hydra/launcher=NAME` on the command line that cannot do what it says, as one line (else None): any launcher
+    but `basic` without -m (Hydra would ignore it and run here), a Slurm one (submitit_slurm or a conf/hydra/launcher
+    file built on it, e.g. slurm_8gpu) where Slurm's `srun` is not on PATH (submitit would fail with a traceback)."""
+    from tspbench.paths import conf_dir
+
+    names = [a.split("=", 1)[1] for a in argv if "=" in a and a.split("=", 1)[0].lstrip("+~") == "hydra/launcher"]
+    if not names or names[-1] == "basic":
+        return None
+    name = names[-1]
+    if not multirun:
+        return (
+            f"hydra/launcher={name} launches only a sweep; allowed: add -m (python -m tspbench -m ...), or no "
+            "hydra/launcher to run here"
+        )
+    own = conf_dir() / "hydra" / "launcher" / f"{name}.yaml"
+    slurm = name == "submitit_slurm" or (own.is_file() and "submitit_slurm" in own.read_text())
+    if slurm and which("srun") is None:
+        return (
+            f"hydra/launcher={name} submits each job to Slurm, but srun is not on PATH here (not a Slurm cluster's "
+            "node); allowed: run it on the cluster's login node, or hydra/launcher=submitit_local to run the jobs here"
+        )
+    return None
+
+
 # ------------------------------------------------------------------------------------------ the commands
 def agent_command(
     spec_file: Path, alloc: Allocation, per_node: int, endpoint: str, rdzv_id: str, timeout_s: float
