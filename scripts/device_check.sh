@@ -71,13 +71,15 @@ print(e.profile if e else 'none')" 2>>"$OUT/env.txt")
     >> "$OUT/env.txt" 2>&1
   echo "profile ${PROFILE:-none} (conf/hardware/<profile>.yaml whose device_names match the device)" >> "$OUT/env.txt"
 fi
-# one GPU (95 + 70 + 45 + 40 + 40 = 290 s)
-step 95 gpu_tests.txt $PY -m pytest -q -s -p no:cacheprovider -m gpu tests/gpu/test_lse_slices_gpu.py \
+# one GPU (40 + 100 + 60 + 30 + 60 = 290 s; the first H100 run, results/measured/h100-2026-12-06: tests 16 s,
+# shapes 19 s, the smoke run's first point 22 s; the memory and time checks then spent minutes drawing full
+# weights on the CPU, which each rank's own-shard init on the device removes)
+step 40 gpu_tests.txt $PY -m pytest -q -s -p no:cacheprovider -m gpu tests/gpu/test_lse_slices_gpu.py \
   tests/gpu/test_attention_gpu.py tests/gpu/test_gpu.py
-step 70 gpu_check.jsonl $PY -m tspbench.gpu_check device=cuda
-step 45 gpu_time.jsonl $PY -m tspbench.gpu_check device=cuda time=true hardware=auto "calibration_out=$LOGS"
-step 40 gpu_shapes.jsonl $PY -m tspbench.gpu_check device=cuda shapes=true hardware=auto
-step 40 smoke.txt $PY -m tspbench +exp=smoke device=cuda 'schemes=[single]' 'modes=[train,forward,decode]' \
+step 100 gpu_check.jsonl $PY -m tspbench.gpu_check device=cuda
+step 60 gpu_time.jsonl $PY -m tspbench.gpu_check device=cuda time=true hardware=auto "calibration_out=$LOGS"
+step 30 gpu_shapes.jsonl $PY -m tspbench.gpu_check device=cuda shapes=true hardware=auto
+step 60 smoke.txt $PY -m tspbench +exp=smoke device=cuda 'schemes=[single]' 'modes=[train,forward,decode]' \
   model=small dtype=bfloat16 'seq_lens=[4096]' "hydra.run.dir=$LOGS/run" report=false
 # two GPUs or more (40 + 30 = 70 s): NCCL parity in fp32 and bf16 (TSP and ring attention at H >= 2, decode at
 # B = 2), then one short measured run of every scheme at degree 2

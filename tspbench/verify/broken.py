@@ -32,20 +32,21 @@ def wrong_zigzag_order():
 
 @contextlib.contextmanager
 def skipped_ring_hop():
-    """Every TSP weight-ring hop is dropped: each rank applies the shard it already had again."""
-    from tspbench.schemes.comm import Comm
+    """Every TSP clockwise weight-ring hop is dropped: each rank applies the shard it already had again."""
+    from tspbench.schemes.comm import Comm, Pending
+    from tspbench.schemes.ops.ring import WEIGHT_TAG
 
-    real = Comm.start_shift
+    real = Comm.start_shifts
 
-    def start_shift(self, send, recv, offset=1, tag=0, label="send_recv"):
-        from tspbench.schemes.comm import Pending
+    def start_shifts(self, hops):
+        for p in real(self, hops):
+            p.wait()
+        for send, recv, _offset, tag, _label in hops:
+            if tag == WEIGHT_TAG:
+                recv.copy_(send)  # pretend the hop never happened
+        return [Pending([], self.log, label, recv) for _s, recv, _o, _t, label in hops]
 
-        real(self, send, recv, offset, tag, label).wait()
-        if tag == 1:  # schemes.ring.WEIGHT_TAG
-            recv.copy_(send)  # pretend the hop never happened
-        return Pending([], self.log, label, recv)
-
-    with mock.patch.object(Comm, "start_shift", start_shift):
+    with mock.patch.object(Comm, "start_shifts", start_shifts):
         yield
 
 
